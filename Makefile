@@ -1,0 +1,45 @@
+# Everything a developer or CI runs. `make test` is the one command CI calls.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test unit integration lint typecheck bench demo crds sandbox-deps clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade uv
+	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[dev]'
+	@touch $(STAMP)
+
+## Lint, type-check, then every test (unit and integration against real servers).
+test: $(STAMP) sandbox-deps lint typecheck
+	$(VENV)/bin/pytest
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest -m "not integration"
+
+integration: $(STAMP) sandbox-deps
+	$(VENV)/bin/pytest -m integration
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+## Real servers for integration tests: Prometheus (Debian) and the pinned Kubernetes builds.
+sandbox-deps: $(STAMP)
+	@command -v prometheus >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
+	$(PY) -m cacheroute.sandbox.binaries ensure
+
+crds: $(STAMP)
+	$(VENV)/bin/cacheroute crds --out crds
+
+bench: $(STAMP) sandbox-deps
+	@mkdir -p bench-results
+	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info bench-results .mypy_cache .ruff_cache .pytest_cache

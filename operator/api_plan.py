@@ -1,0 +1,145 @@
+"""AffinityPlan: the routing policy of one pool (the schema source of its CRD).
+
+Computed routes never go into spec, where GitOps tools would fight the operator over them: they
+go into the plan ConfigMap, and a summary into status.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from cacheroute.operator.api_common import (
+    API_VERSION,
+    CONDITIONS_FIELD,
+    ApiModel,
+    Condition,
+    CrossFieldRule,
+    Duration,
+    ObjectMeta,
+    enforce,
+)
+
+MAX_PINNED = 10_000
+MAX_DESTINATIONS_PER_KEY = 16
+
+
+class PoolRef(ApiModel):
+    name: str = Field(min_length=1, max_length=253)
+
+
+class PrometheusSpec(ApiModel):
+    url: str | None = Field(default=None, max_length=2048, description="Defaults to the operator's --prometheus-url.")
+    timeout: Duration = "10s"
+
+
+class BudgetSpec(ApiModel):
+    """The warm-prefix budget: how much KV each destination keeps for planned keys."""
+
+    warm_tokens_per_destination: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        default="auto", description="KV tokens per destination reserved for planned prefixes, or auto."
+    )
+    auto_fraction: float = Field(
+        default=0.6, gt=0, le=1, description="With auto: this share of each destination's KV capacity."
+    )
+    max_destinations_per_key: int = Field(default=4, ge=1, le=MAX_DESTINATIONS_PER_KEY)
+    max_key_share_of_destination: float = Field(
+        default=0.5, gt=0, le=1, description="A key needing more of a destination than this is replicated."
+    )
+
+
+class StabilitySpec(ApiModel):
+    max_churn: float = Field(default=0.1, ge=0, le=1, description="Largest share of planned load one re-plan may move.")
+    min_gain: float = Field(
+        default=0.02, ge=0, le=1, description="Smallest predicted improvement that justifies a move."
+    )
+
+
+class GuardSpec(ApiModel):
+    """Shadow-replay gate: a candidate plan is applied only if it meets these."""
+
+    enabled: bool = True
+    p99_ttft: Duration = Field(default="3.5s", description="Service-level objective on p99 time to first token.")
+    min_kv_hit_gain: float = Field(default=0.0, ge=-1, le=1, description="Required gain in served KV hit over p2c.")
+
+
+class PinnedRoute(ApiModel):
+    key: str = Field(min_length=1, max_length=1024, description="The affinity key as clients send it.")
+    destinations: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        min_length=1, max_length=MAX_DESTINATIONS_PER_KEY, description="Destination ids, <pool>-<ordinal>."
+    )
+
+
+class AffinityPlanSpec(ApiModel):
+    pool_ref: PoolRef
+    mode: Literal["Auto", "Shadow", "Manual"] = Field(
+        default="Auto",
+        description="Auto plans and applies; Shadow plans and replays without applying; Manual applies pinned only.",
+    )
+    control_period: Duration = "5m"
+    metrics_window: Duration = "30m"
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    stability: StabilitySpec = Field(default_factory=StabilitySpec)
+    guard: GuardSpec = Field(default_factory=GuardSpec)
+    pinned: list[PinnedRoute] = Field(default_factory=list, max_length=MAX_PINNED)
+
+    rules: ClassVar[tuple[CrossFieldRule, ...]] = (
+        CrossFieldRule(
+            cel="self.mode != 'Manual' || (has(self.pinned) && size(self.pinned) > 0)",
+            message="mode Manual requires at least one pinned route",
+            check=lambda s: s.mode != "Manual" or len(s.pinned) > 0,
+            field_path=".pinned",
+        ),
+        CrossFieldRule(
+            cel="!has(self.pinned) || self.pinned.all(p, size(p.destinations) <= self.budget.maxDestinationsPerKey)",
+            message="a pinned route lists more destinations than budget.maxDestinationsPerKey",
+            check=lambda s: all(len(p.destinations) <= s.budget.max_destinations_per_key for p in s.pinned),
+            field_path=".pinned",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> AffinityPlanSpec:
+        enforce(self.rules, self)
+        keys = [p.key for p in self.pinned]
+        if len(set(keys)) != len(keys):
+            raise ValueError("pinned lists the same key twice")
+        return self
+
+
+class AffinityPlanStatus(ApiModel):
+    observed_generation: int | None = Field(default=None, ge=0)
+    plan_version: str | None = Field(default=None, max_length=64)
+    applied_at: datetime | None = None
+    admitted_keys: int | None = Field(default=None, ge=0)
+    covered_request_share: float | None = Field(default=None, ge=0, le=1)
+    churn: float | None = Field(default=None, ge=0, le=1)
+    predicted_kv_hit: float | None = Field(default=None, ge=0, le=1)
+    observed_kv_hit: float | None = Field(default=None, ge=0, le=1)
+    predicted_p99_ttft_seconds: float | None = Field(default=None, ge=0)
+    conditions: list[Condition] = Field(default_factory=list, max_length=16, json_schema_extra=CONDITIONS_FIELD)
+
+
+class AffinityPlan(ApiModel):
+    """The prefix-affinity routing policy of one InferencePool."""
+
+    api_version: Literal["cacheroute.dev/v1alpha1"] = API_VERSION
+    kind: Literal["AffinityPlan"] = "AffinityPlan"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: AffinityPlanSpec
+    status: AffinityPlanStatus | None = None
+
+    crd_plural: ClassVar[str] = "affinityplans"
+    crd_short_names: ClassVar[tuple[str, ...]] = ("aplan", "aplans")
+    crd_categories: ClassVar[tuple[str, ...]] = ("cacheroute",)
+    crd_printer_columns: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"name": "Pool", "type": "string", "jsonPath": ".spec.poolRef.name"},
+        {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
+        {"name": "Plan", "type": "string", "jsonPath": ".status.planVersion", "description": "Applied plan version"},
+        {"name": "Keys", "type": "integer", "jsonPath": ".status.admittedKeys"},
+        {"name": "KV hit", "type": "number", "jsonPath": ".status.observedKvHit", "format": "float"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    )

@@ -1,0 +1,194 @@
+"""InferencePool: a fleet of identical vLLM destinations (the schema source of its CRD)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from cacheroute.operator.api_common import (
+    API_VERSION,
+    CONDITIONS_FIELD,
+    ApiModel,
+    Condition,
+    CrossFieldRule,
+    Duration,
+    ObjectMeta,
+    enforce,
+)
+
+QUANTIZATIONS = ("bf16", "fp8")
+
+
+class ConfigMapKeyRef(ApiModel):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(default="config.json", min_length=1, max_length=253)
+
+
+class ModelSpec(ApiModel):
+    """What to serve."""
+
+    name: str = Field(
+        min_length=1, max_length=256, description="Served model name, e.g. meta-llama/Llama-3.3-70B-Instruct."
+    )
+    source: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Where the weights come from (a Hugging Face id, pvc://claim/path, s3://...). Defaults to name.",
+    )
+    quantization: Literal["bf16", "fp8"] = Field(default="bf16", description="Weight precision.")
+    architecture: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Architecture preset that overrides detection, e.g. llama-3.3-70b or qwen3-next-80b-a3b.",
+    )
+    config_map_ref: ConfigMapKeyRef | None = Field(
+        default=None, description="A ConfigMap holding the model's Hugging Face config.json, used for memory planning."
+    )
+
+
+class EnvVar(ApiModel):
+    name: str = Field(min_length=1, max_length=256)
+    value: str = Field(default="", max_length=32768)
+
+
+class EngineSpec(ApiModel):
+    """The vLLM container."""
+
+    image: str = Field(default="vllm/vllm-openai:v0.11.0", min_length=1, max_length=512)
+    port: int = Field(default=8000, ge=1, le=65535)
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=128)
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    startup_timeout: Duration = Field(default="30m", description="How long a replica may take to load weights.")
+
+
+class GpuSpec(ApiModel):
+    """The GPU the pool runs on, as GPU feature discovery labels nodes."""
+
+    product: str = Field(default="NVIDIA-H100-80GB-HBM3", min_length=1, max_length=128)
+    memory_gib: float = Field(default=80.0, gt=0, le=1024)
+    resource_name: str = Field(default="nvidia.com/gpu", min_length=1, max_length=253)
+    count_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on one node of this product.")
+
+
+class MemorySpec(ApiModel):
+    """How the vLLM memory flags are chosen."""
+
+    mode: Literal["Profiled", "Analytic", "Manual"] = Field(
+        default="Analytic",
+        description=(
+            "Profiled boots vLLM once to measure; Analytic uses the architecture model; "
+            "Manual takes the flags given."
+        ),
+    )
+    max_model_len: int | None = Field(default=None, ge=256, le=10_485_760)
+    max_num_batched_tokens: Annotated[int, Field(ge=256, le=1_048_576)] | Literal["auto"] = Field(
+        default="auto", description="A token count, or auto to let the memory plan choose."
+    )
+    safety_margin_gib: float = Field(default=1.0, ge=0, le=64, description="Memory kept free above the predicted peak.")
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1, description="Required in Manual mode.")
+
+
+class RouterSpec(ApiModel):
+    """The endpoint picker in front of the pool."""
+
+    replicas: int = Field(default=2, ge=0, le=64)
+    image: str | None = Field(default=None, max_length=512, description="Defaults to the operator's own image.")
+    key_header: str = Field(default="x-affinity-key", min_length=1, max_length=256)
+    body_field: str | None = Field(default="user", max_length=256, description="OpenAI request field holding the key.")
+    session_header: str | None = Field(default=None, max_length=256)
+    prompt_prefix_chars: int = Field(
+        default=0, ge=0, le=65536, description="If > 0, hash this many leading prompt characters when no key is given."
+    )
+    spill_threshold: float = Field(
+        default=1.5,
+        ge=1.0,
+        le=100.0,
+        description="Spill a planned key when its destination's in-flight exceeds this multiple of the mean.",
+    )
+
+
+class GieSpec(ApiModel):
+    """Publish a Gateway API Inference Extension InferencePool pointing at our router."""
+
+    enabled: bool = False
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailOpen"
+
+
+class InferencePoolSpec(ApiModel):
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    replicas: int = Field(default=1, ge=0, le=1024)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    prefix_caching: bool = True
+    gie: GieSpec = Field(default_factory=GieSpec)
+
+    rules: ClassVar[tuple[CrossFieldRule, ...]] = (
+        CrossFieldRule(
+            cel="self.gpu.countPerNode % self.tensorParallelSize == 0",
+            message="tensorParallelSize must divide gpu.countPerNode (a replica lives on one node)",
+            check=lambda s: s.gpu.count_per_node % s.tensor_parallel_size == 0,
+            field_path=".tensorParallelSize",
+        ),
+        CrossFieldRule(
+            cel="self.memory.mode != 'Manual' || has(self.memory.kvCacheMemoryBytes)",
+            message="memory.mode Manual requires memory.kvCacheMemoryBytes",
+            check=lambda s: s.memory.mode != "Manual" or s.memory.kv_cache_memory_bytes is not None,
+            field_path=".memory",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> InferencePoolSpec:
+        enforce(self.rules, self)
+        return self
+
+
+class Destination(ApiModel):
+    id: str
+    address: str = ""
+    ready: bool = False
+
+
+class MemoryPlanStatus(ApiModel):
+    kv_cache_memory_bytes: int = Field(ge=0)
+    max_num_batched_tokens: int = Field(ge=0)
+    max_model_len: int = Field(ge=0)
+    max_num_seqs: int = Field(ge=0)
+    kv_capacity_tokens: int = Field(ge=0)
+    source: Literal["Profiled", "Analytic", "Manual"]
+    inputs: dict[str, str] = Field(default_factory=dict)
+
+
+class InferencePoolStatus(ApiModel):
+    observed_generation: int | None = Field(default=None, ge=0)
+    replicas: int = Field(default=0, ge=0)
+    ready_replicas: int = Field(default=0, ge=0)
+    destinations: list[Destination] = Field(default_factory=list, max_length=1024)
+    memory_plan: MemoryPlanStatus | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=16, json_schema_extra=CONDITIONS_FIELD)
+
+
+class InferencePool(ApiModel):
+    """A fleet of identical vLLM replicas serving one model."""
+
+    api_version: Literal["cacheroute.dev/v1alpha1"] = API_VERSION
+    kind: Literal["InferencePool"] = "InferencePool"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: InferencePoolSpec
+    status: InferencePoolStatus | None = None
+
+    crd_plural: ClassVar[str] = "inferencepools"
+    crd_short_names: ClassVar[tuple[str, ...]] = ("crpool", "crpools")
+    crd_categories: ClassVar[tuple[str, ...]] = ("cacheroute",)
+    crd_printer_columns: ClassVar[tuple[dict[str, Any], ...]] = (
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas", "priority": 1},
+        {"name": "TP", "type": "integer", "jsonPath": ".spec.tensorParallelSize"},
+        {"name": "GPU", "type": "string", "jsonPath": ".spec.gpu.product"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    )

@@ -1,0 +1,10 @@
+"""Kopf handlers, CRD models and the command line."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+
+def package_version() -> str:
+    try:
+        return version("cacheroute")
+    except PackageNotFoundError:  # running from a source tree without an install
+        return "0.0.0+unknown"

@@ -1,0 +1,53 @@
+"""The command line a newcomer types."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from cacheroute.operator.cli import app
+from cacheroute.operator.crdgen import MODELS, crd_file_name, render
+
+runner = CliRunner()
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("cacheroute ")
+
+
+def test_crds_writes_and_checks(tmp_path: Path) -> None:
+    assert runner.invoke(app, ["crds", "--out", str(tmp_path)]).exit_code == 0
+    for model in MODELS:
+        assert (tmp_path / crd_file_name(model)).read_text() == render(model)
+    assert runner.invoke(app, ["crds", "--check", "--out", str(tmp_path)]).exit_code == 0
+    victim = tmp_path / crd_file_name(MODELS[0])
+    victim.write_text(victim.read_text() + "# edited\n")
+    result = runner.invoke(app, ["crds", "--check", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert crd_file_name(MODELS[0]) in result.output
+
+
+def test_validate_reports_every_bad_document(tmp_path: Path) -> None:
+    good = {
+        "apiVersion": "cacheroute.dev/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "ok"},
+        "spec": {"model": {"name": "m"}},
+    }
+    bad = {**good, "metadata": {"name": "bad"}, "spec": {"model": {"name": "m"}, "replicas": -1}}
+    f = tmp_path / "pools.yaml"
+    f.write_text(yaml.safe_dump_all([good, bad]))
+    result = runner.invoke(app, ["validate", str(f)])
+    assert result.exit_code == 1
+    assert "ok" in result.stdout
+    assert "spec.replicas" in result.output
+
+
+def test_validate_unreadable_file(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["validate", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 1
+    assert "missing.yaml" in result.output
