@@ -1,0 +1,73 @@
+"""The project's CRDs install into the sandbox and the API server enforces their CEL rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from cacheroute.sandbox.cluster import Sandbox
+from cacheroute.sandbox.crds import apply_crds, load_crds
+
+pytestmark = pytest.mark.integration
+
+CRD_DIR = Path(__file__).resolve().parents[3] / "crds"
+GROUP, VERSION, PLURAL = "cacheroute.dev", "v1alpha1", "inferencepools"
+
+
+def cel_message(crds: list[dict[str, Any]], kind: str, field: str) -> str:
+    """The message of the CRD's spec-level CEL rule that mentions `field`."""
+    for crd in crds:
+        if crd["spec"]["names"]["kind"] != kind:
+            continue
+        for version in crd["spec"]["versions"]:
+            spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            for rule in spec.get("x-kubernetes-validations", []):
+                if field in rule["rule"]:
+                    return str(rule["message"])
+    raise AssertionError(f"{kind} has no CEL rule on {field}")
+
+
+def pool(name: str, tensor_parallel: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferencePool",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": "meta-llama/Llama-3.3-70B-Instruct"}, "tensorParallelSize": tensor_parallel},
+    }
+
+
+@pytest.fixture(scope="module")
+def crds(sandbox: Sandbox) -> list[dict[str, Any]]:
+    loaded = load_crds(CRD_DIR.glob("*.yaml"))
+    apply_crds(sandbox.api_client(), loaded)
+    return loaded
+
+
+def test_crds_are_established(crds: list[dict[str, Any]], kube_api: Any) -> None:
+    api = client.ApiextensionsV1Api(kube_api)
+    served = {crd.metadata.name for crd in api.list_custom_resource_definition().items}
+    assert {crd["metadata"]["name"] for crd in crds} <= served
+    assert "inferencepools.cacheroute.dev" in served
+
+
+def test_valid_pool_is_accepted_with_defaults(crds: list[dict[str, Any]], kube_api: Any, namespace: str) -> None:
+    api = client.CustomObjectsApi(kube_api)
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, pool("llama", 2))
+    stored = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "llama")
+    assert stored["spec"]["tensorParallelSize"] == 2
+    # Structural-schema defaults are applied by the API server.
+    assert stored["spec"]["gpu"]["countPerNode"] == 8
+
+
+def test_pool_whose_tensor_parallelism_does_not_divide_the_node_is_rejected(
+    crds: list[dict[str, Any]], kube_api: Any, namespace: str
+) -> None:
+    api = client.CustomObjectsApi(kube_api)
+    with pytest.raises(client.ApiException) as rejected:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, pool("odd", 3))
+    assert rejected.value.status == 422
+    assert cel_message(crds, "InferencePool", "tensorParallelSize") in rejected.value.body
+    assert api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"] == []

@@ -1,0 +1,115 @@
+"""Starting, inspecting and stopping sandboxes, including a start that fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cacheroute.sandbox.cli import app
+from cacheroute.sandbox.cluster import Sandbox, SandboxOptions
+from cacheroute.sandbox.process import StartError
+
+pytestmark = pytest.mark.integration
+
+CORE = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus"}
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains `text` (our servers all name their state dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_status_shows_every_component_healthy_with_its_url(sandbox: Sandbox) -> None:
+    result = CliRunner().invoke(app, ["status", "--state-dir", str(sandbox.state_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    rows = {row["name"]: row for row in report["components"]}
+    assert set(rows) >= CORE
+    assert all(rows[name]["healthy"] for name in CORE), rows
+    assert rows["kube-apiserver"]["url"].startswith("https://127.0.0.1:")
+    assert report["kubeconfig"] == str(sandbox.kubeconfig)
+
+
+def test_envoy_started_through_the_sandbox_is_listed_and_stopped(sandbox: Sandbox) -> None:
+    envoy = sandbox.start_envoy("static_resources: {}", name="envoy-status-probe")
+    rows = {row.name: row for row in Sandbox.attach(sandbox.state_dir).status()}
+    assert rows["envoy-status-probe"].healthy
+    assert rows["envoy-status-probe"].url == envoy.admin_url
+    sandbox.forget("envoy-status-probe")
+    assert not envoy.process.alive()
+    assert "envoy-status-probe" not in Sandbox.attach(sandbox.state_dir).state.components
+
+
+def test_status_of_a_missing_sandbox_is_a_clear_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["status", "--state-dir", str(tmp_path / "nothing")])
+    assert result.exit_code == 1
+    assert "no sandbox in" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_failed_start_reports_the_component_log_and_leaves_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "kube-apiserver"
+    broken.write_text("#!/bin/sh\necho 'error: cannot load the serving certificate' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CACHEROUTE_KUBE_APISERVER", str(broken))
+    state_dir = tmp_path / "state"
+    with pytest.raises(StartError) as failed:
+        Sandbox.up(SandboxOptions(state_dir=state_dir, prometheus=False, detach=False, timeout=60))
+    message = str(failed.value)
+    assert message.startswith("kube-apiserver died")
+    assert "exited with code 3" in message
+    assert "cannot load the serving certificate" in message
+    assert processes_mentioning(str(state_dir)) == []  # etcd, started first, was stopped
+    assert not state_dir.exists()
+
+
+@pytest.mark.slow
+def test_cli_up_then_down_stops_every_process_and_removes_the_state(tmp_path: Path) -> None:
+    state_dir = tmp_path / "cli"
+    command = [sys.executable, "-m", "cacheroute.sandbox.cli"]
+    up = subprocess.run(
+        [*command, "up", "--state-dir", str(state_dir), "--nodes", "1", "--no-prometheus"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout == f"export KUBECONFIG={state_dir / 'kubeconfig'}\n"
+        # The servers outlive the command that started them.
+        assert len(processes_mentioning(str(state_dir))) == 5
+        status = subprocess.run(
+            [*command, "status", "--state-dir", str(state_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert all(row["healthy"] for row in json.loads(status.stdout)["components"])
+    finally:
+        down = subprocess.run(
+            [*command, "down", "--state-dir", str(state_dir)], capture_output=True, text=True, timeout=120, check=False
+        )
+    assert down.returncode == 0, down.stderr
+    assert processes_mentioning(str(state_dir)) == []
+    assert not state_dir.exists()

@@ -1,0 +1,105 @@
+"""`cacheroute memory-plan` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from cacheroute.operator.cli_memory import register
+from cacheroute.planner.memory import PRESET_CONFIGS
+
+runner = CliRunner()
+
+
+def app() -> typer.Typer:
+    created = typer.Typer()
+    register(created)
+
+    @created.callback()
+    def main() -> None:
+        """Keep memory-plan a named sub-command."""
+
+    return created
+
+
+def test_table_shows_the_breakdown_candidates_and_flags() -> None:
+    result = runner.invoke(app(), ["memory-plan", "--model", "qwen3-next-80b-a3b", "-q", "fp8", "--tp", "2"])
+    assert result.exit_code == 0, result.output
+    for text in ("weights", "kv cache", "unprofiled transient", "cuda-graph pool", "safety margin", "16384", "chosen"):
+        assert text in result.output
+    assert "KV vs vLLM's default mnbt 8192: +" in result.output
+    assert "--kv-cache-memory-bytes" in result.output
+
+
+def test_json_and_args_outputs_agree() -> None:
+    base = ["memory-plan", "--model", "llama-3.3-70b", "--quantization", "fp8", "--gpu", "h100-80gb", "--tp", "2"]
+    as_json = runner.invoke(app(), [*base, "-o", "json"])
+    as_args = runner.invoke(app(), [*base, "-o", "args"])
+    assert as_json.exit_code == as_args.exit_code == 0
+    document = json.loads(as_json.stdout)
+    assert document["flags"] == shlex.split(as_args.stdout)
+    assert document["maxModelLen"] == 131072
+    assert sum(v for k, v in document["breakdownBytes"].items() if k != "total") == document["breakdownBytes"]["total"]
+
+
+def test_options_reach_the_plan(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(PRESET_CONFIGS["qwen3-32b"])))
+    result = runner.invoke(
+        app(),
+        [
+            "memory-plan",
+            "--model",
+            str(config),
+            "--kv-cache-dtype",
+            "fp8",
+            "--mnbt",
+            "4096",
+            "--max-model-len",
+            "auto",
+            "-o",
+            "json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["maxNumBatchedTokens"] == 4096
+    assert document["inputs"]["modelSource"] == "config" and document["inputs"]["kvCacheDtype"] == "fp8"
+    assert "--kv-cache-dtype" in document["flags"]
+
+
+def test_plan_errors_are_one_clear_line_without_a_traceback() -> None:
+    result = runner.invoke(app(), ["memory-plan", "--model", "llama-3.3-70b", "-q", "fp8", "--tp", "1"])
+    assert result.exit_code == 1
+    assert "GiB missing per GPU" in result.output and "TP=2 fits" in result.output
+    assert "Traceback" not in result.output
+    bad_tp = runner.invoke(app(), ["memory-plan", "--model", "llama-3.3-70b", "--tp", "3"])
+    assert bad_tp.exit_code == 1 and "does not divide num_attention_heads 64" in bad_tp.output
+
+
+def test_bad_option_values_name_the_option(tmp_path: Path) -> None:
+    for args, option in (
+        (["--mnbt", "lots"], "--mnbt"),
+        (["--quantization", "int4"], "--quantization"),
+        (["-o", "yaml"], "--output"),
+    ):
+        result = runner.invoke(app(), ["memory-plan", "--model", "llama-3.1-8b", *args])
+        assert result.exit_code == 2 and option in result.output
+    missing = runner.invoke(app(), ["memory-plan", "--model", str(tmp_path / "nope.json")])
+    assert missing.exit_code == 1 and "neither a preset" in missing.output
+
+
+def test_weights_and_ssm_dtype_overrides() -> None:
+    base = ["memory-plan", "--model", "qwen3-next-80b-a3b", "-q", "fp8", "--tp", "2", "-o", "json"]
+    plain = json.loads(runner.invoke(app(), base).stdout)
+    heavier = json.loads(runner.invoke(app(), [*base, "--weights-gib", "40"]).stdout)
+    assert heavier["breakdownBytes"]["weights"] == 40 << 30
+    assert heavier["kvCacheMemoryBytes"] < plain["kvCacheMemoryBytes"]
+    fp32 = json.loads(runner.invoke(app(), [*base, "--mamba-ssm-dtype", "float32"]).stdout)
+    assert fp32["layout"]["blockSize"] == 1056 and "--mamba-ssm-cache-dtype" in fp32["flags"]
+    bad = runner.invoke(app(), [*base, "--mamba-ssm-dtype", "int3"])
+    assert bad.exit_code == 1 and "int3" in bad.output
