@@ -1,0 +1,390 @@
+"""`cacheroute plan`: compute a routing plan offline, from a trace or from per-key statistics."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from cacheroute.operator.api_plan import MAX_DESTINATIONS_PER_KEY, MAX_PINNED, AffinityPlan
+from cacheroute.operator.manifests import field_errors
+from cacheroute.operator.statsfile import COLUMNS, StatsFileError, read_stats
+from cacheroute.planner.errors import PlanInputError
+from cacheroute.planner.keystats import KeyStats, key_stats_from_trace
+from cacheroute.planner.load import CostModel
+from cacheroute.planner.plan import Destination, Plan, PlanError
+from cacheroute.planner.planfile import PlanPayload, decode_plan, encode_plan
+from cacheroute.planner.planning import PlanResult, compute_plan
+from cacheroute.planner.settings import Budget, Stability
+
+Output = Literal["json", "yaml", "table"]
+
+PLAN_HELP = "\n\n".join(
+    [
+        "Compute a routing plan offline and print it as a ConfigMap payload, a Manual AffinityPlan, or a table.",
+        "Input is a Mooncake trace (--trace; keys derived by --key) or a statistics file (--stats): CSV with a "
+        f"header row, or JSON lines, with the columns {', '.join(COLUMNS)}. rate is requests per second; the token "
+        "columns are means per request; prefix_tokens is the stable prefix a later request of the same key can "
+        "reuse. A row with an empty key describes the traffic without a key.",
+        "Destinations are --destinations N identical replicas <pool>-0 .. <pool>-(N-1), or --destinations-file: "
+        "YAML or JSON, a list (or an object with a destinations list) of {id, address, weight, kvCapacityTokens}.",
+        '-o json writes {"version", "pool", "binaryData": {file: base64 of gzip}, "configMaps": [{"name", '
+        '"binaryData"}]}: each configMaps entry is the binaryData of one ConfigMap. -o yaml writes a Manual '
+        "AffinityPlan whose pinned routes are the plan, keys in clear, for review in Git. -o table prints a summary.",
+    ]
+)
+
+err = Console(stderr=True)
+
+
+class CliInputError(ValueError):
+    """Command-line input that cannot be used; printed without a traceback."""
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}", highlight=False, markup=True)
+    return typer.Exit(2)
+
+
+def parse_budget_tokens(text: str) -> int | Literal["auto"]:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise CliInputError(f"--budget-tokens must be 'auto' or a whole number of tokens, got {text!r}") from None
+    if value < 0:
+        raise CliInputError(f"--budget-tokens must be >= 0, got {value}")
+    return value
+
+
+def _destination(obj: object, where: str) -> Destination:
+    if not isinstance(obj, Mapping):
+        raise CliInputError(f"{where}: expected an object with id, address, weight, kvCapacityTokens")
+    unknown = set(obj) - {"id", "address", "weight", "kvCapacityTokens"}
+    if unknown:
+        raise CliInputError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    if not isinstance(obj.get("id"), str) or not obj["id"]:
+        raise CliInputError(f"{where}: id must be a non-empty string, got {obj.get('id')!r}")
+    weight = obj.get("weight", 1.0)
+    kv = obj.get("kvCapacityTokens", 0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise CliInputError(f"{where}: weight must be a number, got {weight!r}")
+    if isinstance(kv, bool) or not isinstance(kv, int):
+        raise CliInputError(f"{where}: kvCapacityTokens must be an integer, got {kv!r}")
+    return Destination(obj["id"], str(obj.get("address", "")), float(weight), kv)
+
+
+def read_destinations(path: Path) -> list[Destination]:
+    """A destinations file: YAML or JSON list of {id, address, weight, kvCapacityTokens}."""
+    try:
+        doc = yaml.safe_load(path.read_text("utf-8"))
+    except yaml.YAMLError as exc:
+        raise CliInputError(f"{path}: not YAML/JSON ({exc})") from None
+    if isinstance(doc, Mapping) and "destinations" in doc:
+        doc = doc["destinations"]
+    if not isinstance(doc, list):
+        raise CliInputError(f"{path}: expected a list of destinations (or an object with a destinations list)")
+    return [_destination(d, f"{path} destinations[{i}]") for i, d in enumerate(doc)]
+
+
+def parse_pins(pins: Sequence[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for pin in pins:
+        key, sep, dests = pin.rpartition("=")
+        if not sep or not key or not dests:
+            raise CliInputError(f"--pin {pin!r} is not KEY=DEST[,DEST...]")
+        if key in out:
+            raise CliInputError(f"--pin names key {key!r} twice")
+        out[key] = [d.strip() for d in dests.split(",") if d.strip()]
+    return out
+
+
+def payload_json(payload: PlanPayload, pool: str) -> dict[str, Any]:
+    """The plan as ConfigMap binaryData: all files, and the files of each ConfigMap."""
+
+    def b64(name: str) -> str:
+        return base64.b64encode(payload.files[name]).decode("ascii")
+
+    return {
+        "version": payload.version,
+        "pool": pool,
+        "binaryData": {name: b64(name) for name in payload.files},
+        "configMaps": [
+            {"name": cm, "binaryData": {name: b64(name) for name in files}} for cm, files in payload.configmaps.items()
+        ],
+    }
+
+
+def read_payload_json(path: Path) -> Plan:
+    """A previous plan, as written by `cacheroute plan -o json`."""
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+        files = {name: base64.b64decode(data, validate=True) for name, data in doc["binaryData"].items()}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise CliInputError(f"{path}: not a plan written by `cacheroute plan -o json` ({exc})") from None
+    try:
+        return decode_plan(files)
+    except PlanError as exc:
+        raise CliInputError(f"{path}: {exc}") from None
+
+
+def manual_manifest(
+    result: PlanResult,
+    stats: KeyStats,
+    *,
+    pool: str,
+    name: str,
+    max_per_key: int,
+    pins_without_stats: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """A Manual AffinityPlan pinning every routed key (the heaviest MAX_PINNED when there are more).
+
+    Pinned keys that had no statistics are routed too: pass them in `pins_without_stats`.
+    """
+    rows = np.flatnonzero(result.routed)
+    if len(rows) > MAX_PINNED:
+        rows = rows[np.lexsort((rows, -result.key_load[rows]))[:MAX_PINNED]]
+    rows = np.sort(rows)
+    pinned = [{"key": stats.names[int(r)], "destinations": list(result.destinations_of_key(int(r)))} for r in rows]
+    for key, ids in (pins_without_stats or {}).items():
+        if len(pinned) < MAX_PINNED:
+            pinned.append({"key": key, "destinations": list(ids)})
+    spec: dict[str, Any] = {
+        "poolRef": {"name": pool},
+        "mode": "Manual",
+        "budget": {"maxDestinationsPerKey": max(1, min(max_per_key, MAX_DESTINATIONS_PER_KEY))},
+        "pinned": pinned,
+    }
+    doc = {"apiVersion": "cacheroute.dev/v1alpha1", "kind": "AffinityPlan", "metadata": {"name": name}, "spec": spec}
+    try:
+        return AffinityPlan.model_validate(doc).wire()
+    except ValidationError as exc:
+        raise CliInputError("the plan does not fit a Manual AffinityPlan: " + "; ".join(field_errors(exc))) from None
+
+
+def summary_table(result: PlanResult, stats: KeyStats, payload: PlanPayload, console: Console) -> None:
+    plan = result.plan
+    s = plan.summary
+    head = Table(title=f"plan {payload.version} for pool {plan.pool}", show_header=False)
+    head.add_column("", style="bold")
+    head.add_column("")
+    head.add_row("routed keys", f"{s.admitted_keys:,} of {len(stats):,} ({int(result.pinned.sum())} pinned)")
+    head.add_row("share of requests", f"{100 * s.admitted_request_share:.1f}%")
+    head.add_row("share of prompt tokens", f"{100 * s.admitted_token_share:.1f}%")
+    head.add_row("predicted KV hit (planned keys)", f"{100 * (s.predicted_kv_hit or 0.0):.1f}%")
+    head.add_row("max destination load", f"{result.objective:.3f} (lower bound {result.lower_bound:.3f})")
+    head.add_row(
+        "churn",
+        f"{100 * result.churn:.1f}% (forced {100 * result.churn_forced:.1f}%, "
+        f"voluntary {100 * result.churn_voluntary:.1f}%)",
+    )
+    head.add_row(
+        "warm KV used", f"{float(result.warm_used.sum()):,.0f} of {float(result.warm_budget.sum()):,.0f} tokens"
+    )
+    head.add_row("payload", f"{payload.total_bytes:,} bytes gzip in {len(payload.configmaps)} ConfigMap(s)")
+    head.add_row("reason", s.reason)
+    console.print(head)
+    counts = np.bincount(result.assignment_dests, minlength=len(plan.destinations))
+    dt = Table(title="destinations")
+    for col in ("id", "weight", "load", "planned", "keys", "warm KV used", "warm budget"):
+        dt.add_column(col, justify="left" if col == "id" else "right")
+    for i, d in enumerate(plan.destinations):
+        dt.add_row(
+            d.id,
+            f"{d.weight:g}",
+            f"{result.destination_load[i] / d.weight:.3f}",
+            f"{result.planned_load[i] / d.weight:.3f}",
+            f"{int(counts[i]):,}",
+            f"{result.warm_used[i]:,.0f}",
+            f"{result.warm_budget[i]:,.0f}",
+        )
+    console.print(dt)
+    rows = np.flatnonzero(result.routed)
+    top = rows[np.lexsort((rows, -result.key_load[rows]))[:10]]
+    if len(top):
+        kt = Table(title="heaviest routed keys")
+        for col in ("key", "rate (req/s)", "stable prefix", "load", "destinations"):
+            kt.add_column(col, justify="left" if col in ("key", "destinations") else "right")
+        for r in top.tolist():
+            kt.add_row(
+                stats.names[r],
+                f"{stats.rate[r]:.3f}",
+                f"{stats.prefix_tokens[r]:,.0f}",
+                f"{result.key_load[r]:.3f}",
+                ", ".join(result.destinations_of_key(r)),
+            )
+        console.print(kt)
+
+
+def _load_stats(
+    trace: Path | None, stats_file: Path | None, key: str, start: float | None, end: float | None
+) -> KeyStats:
+    if (trace is None) == (stats_file is None):
+        raise CliInputError("give exactly one of --trace or --stats")
+    if stats_file is not None:
+        if start is not None or end is not None:
+            raise CliInputError("--window-start/--window-end apply to --trace only")
+        return read_stats(stats_file)
+    from cacheroute.planner.mooncake import TraceFormatError, read_mooncake
+
+    assert trace is not None
+    try:
+        parsed = read_mooncake(trace, key=key)
+    except TraceFormatError as exc:
+        raise CliInputError(str(exc)) from None
+    except ValueError as exc:  # a bad --key spec
+        raise CliInputError(f"--key: {exc}") from None
+    return key_stats_from_trace(parsed, start, end)
+
+
+def _destinations(count: int | None, path: Path | None, pool: str, kv_capacity: int) -> list[Destination]:
+    if (count is None) == (path is None):
+        raise CliInputError("give exactly one of --destinations N or --destinations-file")
+    if path is not None:
+        return read_destinations(path)
+    assert count is not None
+    if count < 1:
+        raise CliInputError(f"--destinations must be >= 1, got {count}")
+    if kv_capacity < 0:
+        raise CliInputError(f"--kv-capacity-tokens must be >= 0, got {kv_capacity}")
+    return [Destination(f"{pool}-{i}", "", 1.0, kv_capacity) for i in range(count)]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `plan` to the `cacheroute` command line."""
+
+    @app.command("plan", help=PLAN_HELP)
+    def plan_command(
+        *,
+        trace: Annotated[Path | None, typer.Option("--trace", help="Mooncake JSONL trace.")] = None,
+        stats_file: Annotated[
+            Path | None, typer.Option("--stats", help=f"Per-key statistics, CSV or JSON lines ({', '.join(COLUMNS)}).")
+        ] = None,
+        destinations: Annotated[
+            int | None, typer.Option("--destinations", help="Number of identical destinations <pool>-<i>.")
+        ] = None,
+        destinations_file: Annotated[
+            Path | None, typer.Option("--destinations-file", help="YAML/JSON list of destinations.")
+        ] = None,
+        kv_capacity: Annotated[
+            int, typer.Option("--kv-capacity-tokens", help="KV capacity of each --destinations replica.")
+        ] = 0,
+        pool: Annotated[str, typer.Option("--pool", help="Pool name (ConfigMap <pool>-plan).")] = "pool",
+        budget_tokens: Annotated[
+            str, typer.Option("--budget-tokens", help="Warm KV tokens per destination, or auto.")
+        ] = "auto",
+        auto_fraction: Annotated[
+            float, typer.Option("--auto-fraction", help="With auto: share of each destination's KV capacity.")
+        ] = 0.6,
+        max_per_key: Annotated[int, typer.Option("--max-destinations-per-key", help="Replicas of a hot key.")] = 4,
+        max_key_share: Annotated[
+            float, typer.Option("--max-key-share", help="Largest share of a destination one key may take.")
+        ] = 0.5,
+        max_churn: Annotated[
+            float, typer.Option("--max-churn", help="Largest share of load moved vs --previous.")
+        ] = 0.1,
+        min_gain: Annotated[float, typer.Option("--min-gain", help="Smallest relative gain worth a move.")] = 0.02,
+        previous: Annotated[
+            Path | None, typer.Option("--previous", help="Previous plan (as written by -o json), for low churn.")
+        ] = None,
+        pin: Annotated[
+            list[str] | None, typer.Option("--pin", help="KEY=DEST[,DEST...]: always route KEY there (repeatable).")
+        ] = None,
+        window_start: Annotated[float | None, typer.Option("--window-start", help="Trace seconds, inclusive.")] = None,
+        window_end: Annotated[float | None, typer.Option("--window-end", help="Trace seconds, exclusive.")] = None,
+        key: Annotated[str, typer.Option("--key", help="Trace key: first-blocks:K or thread.")] = "first-blocks:4",
+        prefill_s: Annotated[
+            float, typer.Option("--prefill-s-per-token", help="Cost model: prefill seconds per prompt token.")
+        ] = CostModel.prefill_s_per_token,
+        decode_s: Annotated[
+            float, typer.Option("--decode-s-per-token", help="Cost model: decode seconds per output token.")
+        ] = CostModel.decode_s_per_token,
+        name: Annotated[
+            str | None, typer.Option("--name", help="AffinityPlan name for -o yaml (default: pool).")
+        ] = None,
+        generated_at: Annotated[
+            str | None, typer.Option("--generated-at", help="Generation time to record (default: now, UTC).")
+        ] = None,
+        output: Annotated[str, typer.Option("--output", "-o", help="json, yaml or table.")] = "table",
+        out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")] = None,
+    ) -> None:
+        if output not in ("json", "yaml", "table"):
+            raise _fail(f"-o must be json, yaml or table, got {output!r}")
+        try:
+            with err.status("reading input…"):
+                stats = _load_stats(trace, stats_file, key, window_start, window_end)
+                dests = _destinations(destinations, destinations_file, pool, kv_capacity)
+                prev = read_payload_json(previous) if previous is not None else None
+            budget = Budget(
+                warm_tokens_per_destination=parse_budget_tokens(budget_tokens),
+                auto_fraction=auto_fraction,
+                max_destinations_per_key=max_per_key,
+                max_key_share_of_destination=max_key_share,
+            )
+            if budget.warm_tokens_per_destination == "auto" and not any(d.kv_capacity_tokens for d in dests):
+                raise CliInputError(
+                    "--budget-tokens auto needs the destinations' KV capacity: give --kv-capacity-tokens "
+                    "(or kvCapacityTokens in --destinations-file), or a number of --budget-tokens"
+                )
+            pins = parse_pins(pin or [])
+            with err.status(f"planning {len(stats):,} keys onto {len(dests)} destinations…"):
+                result = compute_plan(
+                    stats,
+                    dests,
+                    pool=pool,
+                    budget=budget,
+                    stability=Stability(max_churn=max_churn, min_gain=min_gain),
+                    cost=CostModel(prefill_s_per_token=prefill_s, decode_s_per_token=decode_s),
+                    previous=prev,
+                    pinned=pins,
+                    generated_at=generated_at or datetime.now(UTC).isoformat(timespec="seconds"),
+                )
+                payload = encode_plan(result.plan)
+            known = set(stats.names) if pins else set()
+            unknown_pins = {k: v for k, v in pins.items() if k not in known}
+            text = ""
+            if output == "json":
+                text = json.dumps(payload_json(payload, pool), indent=2) + "\n"
+            elif output == "yaml":
+                routed = int(result.routed.sum()) + len(unknown_pins)
+                if routed > MAX_PINNED:
+                    err.print(
+                        f"[yellow]warning:[/] {routed:,} routed keys; the AffinityPlan keeps the {MAX_PINNED:,} "
+                        "heaviest (its pinned list is limited)"
+                    )
+                manifest = manual_manifest(
+                    result,
+                    stats,
+                    pool=pool,
+                    name=name or pool,
+                    max_per_key=max_per_key,
+                    pins_without_stats=unknown_pins,
+                )
+                text = yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True)
+        except (CliInputError, StatsFileError, PlanInputError, PlanError) as exc:
+            raise _fail(str(exc)) from None
+        except OSError as exc:
+            raise _fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None
+        if output == "table":
+            console = Console(file=out.open("w", encoding="utf-8"), width=160) if out else Console()
+            summary_table(result, stats, payload, console)
+            if out:
+                console.file.close()
+                err.print(f"wrote {out}")
+            return
+        if out is not None:
+            out.write_text(text, "utf-8")
+            err.print(f"wrote {out} (plan {payload.version})")
+        else:
+            typer.echo(text, nl=False)
