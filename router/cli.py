@@ -1,0 +1,228 @@
+"""`cacheroute router`: run the endpoint picker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from cacheroute.router.settings import (
+    BODY_MODES,
+    DEFAULT_GRPC_PORT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_SKETCH_SIZE,
+    KeyOverrides,
+    RouterSettings,
+    SettingsError,
+    parse_address,
+)
+
+app = typer.Typer(
+    help="Envoy ext_proc endpoint picker that follows the planned prefix-affinity table.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+ENV = "CACHEROUTE_ROUTER_"
+
+
+def _env(name: str) -> str:
+    return ENV + name
+
+
+@app.callback()
+def router() -> None:
+    """The data plane: an Envoy ext_proc endpoint picker."""
+
+
+@app.command()
+def serve(  # noqa: PLR0917 - one parameter per command-line option
+    grpc_port: Annotated[int, typer.Option(envvar=_env("GRPC_PORT"), help="ext_proc and gRPC health port.")] = (
+        DEFAULT_GRPC_PORT
+    ),
+    grpc_host: Annotated[str, typer.Option(envvar=_env("GRPC_HOST"), help="Address the gRPC server binds.")] = (
+        "0.0.0.0"
+    ),
+    metrics_port: Annotated[int, typer.Option(envvar=_env("METRICS_PORT"), help="Prometheus /metrics port.")] = (
+        DEFAULT_METRICS_PORT
+    ),
+    metrics_host: Annotated[str, typer.Option(envvar=_env("METRICS_HOST"), help="Address /metrics binds.")] = (
+        "0.0.0.0"
+    ),
+    plan_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=_env("PLAN_DIR"), help="Mounted plan ConfigMap directory (all plan files in one)."),
+    ] = None,
+    namespace: Annotated[
+        str | None, typer.Option(envvar=_env("NAMESPACE"), help="Namespace of the plan ConfigMaps and Service.")
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(envvar=_env("POOL"), help="Pool whose ConfigMaps <pool>-plan[-N] to watch through the API."),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar=_env("KUBECONFIG"), help="Kubeconfig (default: in-cluster, then ~/.kube).")
+    ] = None,
+    plan_poll_interval: Annotated[
+        float, typer.Option(envvar=_env("PLAN_POLL_INTERVAL"), help="Seconds between checks of --plan-dir.")
+    ] = 0.2,
+    endpoints: Annotated[
+        str,
+        typer.Option(envvar=_env("ENDPOINTS"), help="Extra endpoints, ip:port separated by commas or spaces."),
+    ] = "",
+    service: Annotated[
+        str | None,
+        typer.Option(envvar=_env("SERVICE"), help="Headless Service whose EndpointSlices list the endpoints."),
+    ] = None,
+    target_port: Annotated[
+        int | None, typer.Option(envvar=_env("TARGET_PORT"), help="Port on EndpointSlice addresses (default: first).")
+    ] = None,
+    key_header: Annotated[
+        str | None, typer.Option(envvar=_env("KEY_HEADER"), help="Header holding the affinity key (plan default).")
+    ] = None,
+    body_field: Annotated[
+        str | None,
+        typer.Option(envvar=_env("BODY_FIELD"), help="JSON body field holding the key, e.g. user; '' turns it off."),
+    ] = None,
+    session_header: Annotated[
+        str | None, typer.Option(envvar=_env("SESSION_HEADER"), help="Session header used as key; '' turns it off.")
+    ] = None,
+    prompt_prefix_chars: Annotated[
+        int | None,
+        typer.Option(
+            envvar=_env("PROMPT_PREFIX_CHARS"),
+            help="Hash this many characters of system prompt + first user message as the key; 0 turns it off.",
+        ),
+    ] = None,
+    spill_threshold: Annotated[
+        float | None,
+        typer.Option(
+            envvar=_env("SPILL_THRESHOLD"),
+            help="Spill a planned key when its destination's load exceeds this x mean + slack (plan default).",
+        ),
+    ] = None,
+    spill_slack: Annotated[
+        float, typer.Option(envvar=_env("SPILL_SLACK"), help="Absolute headroom (requests) before spilling.")
+    ] = 2.0,
+    fallbacks: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("FALLBACKS"),
+            help="Fallback endpoints listed after the primary. Keep 0 behind an Envoy ORIGINAL_DST cluster, "
+            "which accepts a single address only.",
+        ),
+    ] = 0,
+    scrape_interval: Annotated[
+        float, typer.Option(envvar=_env("SCRAPE_INTERVAL"), help="Seconds between /metrics scrapes; 0 turns off.")
+    ] = 0.5,
+    scrape_timeout: Annotated[float, typer.Option(envvar=_env("SCRAPE_TIMEOUT"), help="Timeout of a scrape.")] = 1.0,
+    max_body_bytes: Annotated[
+        int, typer.Option(envvar=_env("MAX_BODY_BYTES"), help="Larger bodies are not parsed for a key (p2c).")
+    ] = DEFAULT_MAX_BODY_BYTES,
+    body_mode: Annotated[
+        str,
+        typer.Option(
+            envvar=_env("BODY_MODE"),
+            help=f"Body mode assumed when Envoy does not say ({', '.join(BODY_MODES)}).",
+        ),
+    ] = "none",
+    sketch_size: Annotated[
+        int, typer.Option(envvar=_env("SKETCH_SIZE"), help="Keys with their own metric series (heaviest first).")
+    ] = DEFAULT_SKETCH_SIZE,
+    export_key_names: Annotated[
+        bool,
+        typer.Option(envvar=_env("EXPORT_KEY_NAMES"), help="Label key metrics with clear keys instead of hashes."),
+    ] = False,
+    log_level: Annotated[str, typer.Option(envvar=_env("LOG_LEVEL"), help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve Envoy ext_proc (endpoint-picker protocol), gRPC health and Prometheus metrics."""
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        err.print(f"[red]log-level {log_level!r} is not one of debug, info, warning, error[/]")
+        raise typer.Exit(2)
+    try:
+        settings = RouterSettings(
+            grpc_host=grpc_host,
+            grpc_port=grpc_port,
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+            plan_dir=plan_dir,
+            namespace=namespace,
+            pool=pool,
+            kubeconfig=kubeconfig,
+            plan_poll_interval=plan_poll_interval,
+            endpoints=tuple(e for e in re.split(r"[,\s]+", endpoints) if e),
+            service=service,
+            target_port=target_port,
+            keys=KeyOverrides(key_header, body_field, session_header, prompt_prefix_chars),
+            spill_threshold=spill_threshold,
+            spill_slack=spill_slack,
+            fallbacks=fallbacks,
+            scrape_interval=scrape_interval,
+            scrape_timeout=scrape_timeout,
+            max_body_bytes=max_body_bytes,
+            sketch_size=sketch_size,
+            export_key_names=export_key_names,
+            default_body_mode=body_mode,
+        )
+    except SettingsError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    if plan_dir is not None and not plan_dir.is_dir():
+        err.print(f"[red]plan-dir {plan_dir} is not a directory[/]")
+        raise typer.Exit(2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from cacheroute.router.server import Router
+
+    try:
+        asyncio.run(Router(settings).serve_forever())
+    except OSError as exc:
+        err.print(f"[red]router failed: {exc}[/]")
+        raise typer.Exit(1) from None
+
+
+@app.command("envoy-config")
+def envoy_config(
+    router_address: Annotated[
+        str, typer.Option("--router", envvar=_env("ADDRESS"), help="ip:port of the router's gRPC service.")
+    ],
+    endpoints: Annotated[
+        str,
+        typer.Option(envvar=_env("ENDPOINTS"), help="Pool endpoints (ip:port, commas) for the fail-open cluster."),
+    ],
+    listen_port: Annotated[int, typer.Option(help="Port Envoy listens on for clients.")] = 8080,
+    request_body_mode: Annotated[
+        str, typer.Option(help="ext_proc request body mode: NONE, BUFFERED or FULL_DUPLEX_STREAMED.")
+    ] = "BUFFERED",
+) -> None:
+    """Print an Envoy bootstrap (YAML) that routes through the router: the standalone deployment."""
+    import yaml
+
+    from cacheroute.router.envoy import GatewayOptions, gateway_bootstrap
+
+    try:
+        router = parse_address(router_address, "router")
+        pool = [parse_address(e) for e in re.split(r"[,\s]+", endpoints) if e]
+        document = gateway_bootstrap(
+            router, pool, GatewayOptions(listen_port=listen_port, request_body_mode=request_body_mode.upper())
+        )
+    except (SettingsError, ValueError) as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    typer.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The endpoints the router may pick, their load and their readiness.
+
+Endpoints come from three sources, merged by address: the plan's destinations, a static list,
+and the pool's EndpointSlices. An `Endpoint` object lives as long as its address is known, so
+in-flight counts survive plan and membership changes. Everything here runs on the event loop
+thread; readers on other threads (the metrics endpoint) only take snapshots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from cacheroute.planner.plan import Destination
+
+
+class Endpoint:
+    """One destination address and what the router knows of its load."""
+
+    __slots__ = (
+        "address",
+        "destination",
+        "in_flight",
+        "member_ready",
+        "ready",
+        "running",
+        "scrape_ok",
+        "scraped",
+        "waiting",
+    )
+
+    def __init__(self, address: str, destination: str = "") -> None:
+        self.address = address
+        self.destination = destination
+        # Requests this router sent there and that have not finished yet.
+        self.in_flight = 0
+        # Queue depth and batch size reported by the engine's /metrics.
+        self.waiting = 0
+        self.running = 0
+        self.scraped = False
+        self.scrape_ok = True
+        # Readiness from the EndpointSlice (True when slices are not watched).
+        self.member_ready = True
+        self.ready = False
+
+    @property
+    def load(self) -> int:
+        return self.in_flight + self.waiting
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.address}, in_flight={self.in_flight}, waiting={self.waiting}, ready={self.ready})"
+
+
+@dataclass(frozen=True)
+class SliceEndpoint:
+    """An address from an EndpointSlice: the pod behind it and whether it is ready."""
+
+    address: str
+    pod: str
+    ready: bool
+
+
+class EndpointPool:
+    """All known endpoints, the ready subset, and load totals over the ready subset."""
+
+    def __init__(self, *, scraping: bool) -> None:
+        self._scraping = scraping
+        self._static: tuple[str, ...] = ()
+        self._plan: tuple[Destination, ...] = ()
+        self._slices: dict[str, SliceEndpoint] | None = None
+        self.by_address: dict[str, Endpoint] = {}
+        self.ready: tuple[Endpoint, ...] = ()
+        # Totals over `ready`, kept incrementally so the mean load is O(1) per decision.
+        self.in_flight_ready = 0
+        self.waiting_ready = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    # --- membership -------------------------------------------------------------------------------
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after every membership change (not after load or readiness changes)."""
+        self._listeners.append(listener)
+
+    def set_static(self, addresses: Iterable[str]) -> None:
+        self._static = tuple(addresses)
+        self._rebuild()
+
+    def set_plan_destinations(self, destinations: Iterable[Destination]) -> None:
+        self._plan = tuple(destinations)
+        self._rebuild()
+
+    def set_slices(self, endpoints: Mapping[str, SliceEndpoint] | None) -> None:
+        """The EndpointSlices' view (None: slices are not watched, every known address counts)."""
+        self._slices = dict(endpoints) if endpoints is not None else None
+        self._rebuild()
+
+    @property
+    def watches_slices(self) -> bool:
+        return self._slices is not None
+
+    def resolve(self, destination: Destination) -> Endpoint | None:
+        """The endpoint of a plan destination: its address, or the slice address of its pod."""
+        if destination.address:
+            return self.by_address.get(destination.address)
+        if self._slices is not None:
+            for item in self._slices.values():
+                if item.pod == destination.id:
+                    return self.by_address.get(item.address)
+        return None
+
+    def _rebuild(self) -> None:
+        wanted: dict[str, str] = {}
+        for address in self._static:
+            wanted.setdefault(address, "")
+        pods = {s.pod: s.address for s in self._slices.values()} if self._slices is not None else {}
+        for dest in self._plan:
+            address = dest.address or pods.get(dest.id, "")
+            if address:
+                wanted[address] = dest.id
+        if self._slices is not None:
+            for item in self._slices.values():
+                wanted.setdefault(item.address, item.pod)
+        for address in list(self.by_address):
+            if address not in wanted:
+                gone = self.by_address.pop(address)
+                self._set_ready(gone, False)
+        for address, dest_id in wanted.items():
+            endpoint = self.by_address.get(address)
+            if endpoint is None:
+                endpoint = self.by_address[address] = Endpoint(address, dest_id)
+            elif dest_id:
+                endpoint.destination = dest_id
+            endpoint.member_ready = self._member_ready(address)
+            self._set_ready(endpoint, self._should_be_ready(endpoint))
+        self._refresh_ready_tuple()
+        for listener in self._listeners:
+            listener()
+
+    def _member_ready(self, address: str) -> bool:
+        """What membership says: the slice's condition; else listed statically; else (a plan
+        address the watched slices do not know) not ready."""
+        if self._slices is None:
+            return True
+        member = self._slices.get(address)
+        if member is not None:
+            return member.ready
+        return address in self._static
+
+    # --- readiness and load -----------------------------------------------------------------------
+
+    def _should_be_ready(self, endpoint: Endpoint) -> bool:
+        if not endpoint.member_ready:
+            return False
+        if not self._scraping:
+            return True
+        return endpoint.scraped and endpoint.scrape_ok
+
+    def _set_ready(self, endpoint: Endpoint, ready: bool) -> bool:
+        if endpoint.ready == ready:
+            return False
+        sign = 1 if ready else -1
+        self.in_flight_ready += sign * endpoint.in_flight
+        self.waiting_ready += sign * endpoint.waiting
+        endpoint.ready = ready
+        return True
+
+    def _refresh_ready_tuple(self) -> None:
+        self.ready = tuple(e for e in self.by_address.values() if e.ready)
+
+    def record_scrape(self, endpoint: Endpoint, *, ok: bool, running: int = 0, waiting: int = 0) -> None:
+        """Apply one scrape result; a failed scrape takes the endpoint out until the next success."""
+        if endpoint.ready and ok:
+            self.waiting_ready += waiting - endpoint.waiting
+        endpoint.scraped = True
+        endpoint.scrape_ok = ok
+        if ok:
+            endpoint.waiting = waiting
+            endpoint.running = running
+        if self.by_address.get(endpoint.address) is not endpoint:
+            return
+        if self._set_ready(endpoint, self._should_be_ready(endpoint)):
+            self._refresh_ready_tuple()
+
+    def acquire(self, endpoint: Endpoint) -> None:
+        endpoint.in_flight += 1
+        if endpoint.ready:
+            self.in_flight_ready += 1
+
+    def release(self, endpoint: Endpoint) -> None:
+        endpoint.in_flight -= 1
+        if endpoint.ready:
+            self.in_flight_ready -= 1
+
+    def mean_load(self) -> float:
+        n = len(self.ready)
+        return (self.in_flight_ready + self.waiting_ready) / n if n else 0.0
+
+    @property
+    def known(self) -> bool:
+        """Whether any endpoint is known at all (what readiness of the router needs)."""
+        return bool(self.by_address)

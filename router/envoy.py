@@ -1,0 +1,135 @@
+"""An Envoy bootstrap that puts the router in front of a pool (the standalone deployment).
+
+A GIE gateway builds the equivalent itself from an InferencePool. Without one, this is the
+Envoy to run: the ext_proc filter asks the router for an endpoint, an ORIGINAL_DST cluster
+sends the request to the address in `x-gateway-destination-endpoint`, and a request that comes
+through without that header (the router unreachable, `failure_mode_allow`) is routed to a
+plain least-request cluster over the pool instead, so traffic keeps flowing.
+
+ORIGINAL_DST takes a single address from the header: run the router with `--fallbacks 0`
+behind this Envoy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+BODY_MODES = ("NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED")
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    listen_address: str = "0.0.0.0"
+    listen_port: int = 8080
+    request_body_mode: str = "BUFFERED"
+    response_body_mode: str = "NONE"
+    response_header_mode: str = "SEND"
+    # How long Envoy waits for one router reply before it fails open (in full-duplex mode the
+    # headers reply waits for the whole request body).
+    message_timeout: str = "5s"
+    route_timeout: str = "600s"
+    with_ext_proc: bool = True
+
+
+def _socket(address: str) -> dict[str, Any]:
+    host, _, port = address.rpartition(":")
+    return {"address": host.strip("[]"), "port_value": int(port)}
+
+
+def _cluster(name: str, addresses: Sequence[str], **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "2s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": {"socket_address": _socket(a)}}} for a in addresses]}
+            ],
+        },
+        **extra,
+    }
+
+
+def _ext_proc(options: GatewayOptions) -> dict[str, Any]:
+    full_duplex_request = options.request_body_mode == "FULL_DUPLEX_STREAMED"
+    full_duplex_response = options.response_body_mode == "FULL_DUPLEX_STREAMED"
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "cacheroute_router"}, "timeout": "10s"},
+            "failure_mode_allow": True,
+            "message_timeout": options.message_timeout,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": options.response_header_mode,
+                "request_body_mode": options.request_body_mode,
+                "response_body_mode": options.response_body_mode,
+                # Envoy requires trailers to be sent in full-duplex streaming.
+                "request_trailer_mode": "SEND" if full_duplex_request else "SKIP",
+                "response_trailer_mode": "SEND" if full_duplex_response else "SKIP",
+            },
+        },
+    }
+
+
+def gateway_bootstrap(router: str, endpoints: Sequence[str], options: GatewayOptions | None = None) -> dict[str, Any]:
+    """Bootstrap for an Envoy that routes through the router at `router` (ip:port) to `endpoints`."""
+    options = options or GatewayOptions()
+    for mode in (options.request_body_mode, options.response_body_mode):
+        if mode not in BODY_MODES:
+            raise ValueError(f"body mode {mode!r} is not one of {', '.join(BODY_MODES)}")
+    if not endpoints:
+        raise ValueError("the fail-open cluster needs at least one endpoint")
+    routes: list[dict[str, Any]] = [
+        {
+            "match": {"prefix": "/", "headers": [{"name": DESTINATION_HEADER, "present_match": True}]},
+            "route": {"cluster": "original_destination", "timeout": options.route_timeout},
+        },
+        {"match": {"prefix": "/"}, "route": {"cluster": "pool", "timeout": options.route_timeout}},
+    ]
+    router_filter = {
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+    }
+    clusters: list[dict[str, Any]] = [
+        {
+            "name": "original_destination",
+            "type": "ORIGINAL_DST",
+            "lb_policy": "CLUSTER_PROVIDED",
+            "connect_timeout": "2s",
+            "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+        },
+        _cluster("pool", endpoints, lb_policy="LEAST_REQUEST"),
+    ]
+    filters = [router_filter]
+    if options.with_ext_proc:
+        filters.insert(0, _ext_proc(options))
+        http2 = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+        clusters.append(_cluster("cacheroute_router", [router], typed_extension_protocol_options=http2))
+    else:
+        routes = routes[1:]
+        clusters = clusters[1:]
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+        "HttpConnectionManager",
+        "stat_prefix": "ingress",
+        "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": routes}]},
+        "http_filters": filters,
+    }
+    listener = {
+        "name": "ingress",
+        "address": {"socket_address": {"address": options.listen_address, "port_value": options.listen_port}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": manager}]}],
+    }
+    return {"static_resources": {"listeners": [listener], "clusters": clusters}}

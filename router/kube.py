@@ -1,0 +1,230 @@
+"""Plans and endpoints read through the Kubernetes API (list, then watch; relist when expired).
+
+- `ConfigMapPlanWatch`: the ConfigMaps `<pool>-plan` and `<pool>-plan-<i>`; their `binaryData`
+  files together are one plan payload.
+- `EndpointSliceWatch`: the EndpointSlices of the pool's (headless) Service, for addresses and
+  readiness of destinations.
+
+The kubernetes client blocks, so each watch runs in a daemon thread and hands results to the
+event loop with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cacheroute.router.endpoints import SliceEndpoint
+from cacheroute.router.settings import SettingsError, parse_address
+
+log = logging.getLogger(__name__)
+
+_WATCH_SECONDS = 120
+_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0)
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def api_client(kubeconfig: Path | None = None) -> Any:
+    """An API client: the given kubeconfig, else in-cluster credentials, else the default kubeconfig."""
+    from kubernetes import client, config
+
+    if kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(kubeconfig))
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        return config.new_client_from_config()
+    return client.ApiClient(configuration)
+
+
+class _ListWatch:
+    """List objects of one kind in a namespace, then follow changes; calls `changed` with all of them."""
+
+    def __init__(
+        self,
+        what: str,
+        list_call: Callable[..., Any],
+        namespace: str,
+        accept: Callable[[Any], bool],
+        changed: Callable[[dict[str, Any]], None],
+        *,
+        label_selector: str | None = None,
+    ) -> None:
+        self.what = what
+        self._list = list_call
+        self._namespace = namespace
+        self._accept = accept
+        self._changed = changed
+        self._selector = label_selector
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch-{what}", daemon=True)
+        self.synced = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"label_selector": self._selector} if self._selector else {}
+
+    def _run(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                listed = self._list(self._namespace, _request_timeout=30, **self._kwargs())
+                objects = {o.metadata.name: o for o in listed.items if self._accept(o)}
+                self._changed(dict(objects))
+                self.synced.set()
+                failures = 0
+                version = listed.metadata.resource_version
+                while not self._stop.is_set():
+                    stream = watch.Watch()
+                    for event in stream.stream(
+                        self._list, self._namespace, resource_version=version,
+                        timeout_seconds=_WATCH_SECONDS, _request_timeout=_WATCH_SECONDS + 30, **self._kwargs(),
+                    ):
+                        obj = event["object"]
+                        if self._stop.is_set():
+                            stream.stop()
+                            break
+                        if not hasattr(obj, "metadata") or not self._accept(obj):
+                            continue
+                        if event["type"] == "DELETED":
+                            objects.pop(obj.metadata.name, None)
+                        else:
+                            objects[obj.metadata.name] = obj
+                        self._changed(dict(objects))
+                    version = stream.resource_version or version
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("watch of %s expired; listing again", self.what)
+                    continue
+                failures += 1
+                log.warning("watching %s failed (%s %s); retrying", self.what, exc.status, exc.reason)
+            except Exception as exc:  # the API server may be down or unreachable for a while
+                failures += 1
+                log.warning("watching %s failed (%s); retrying", self.what, exc)
+            self._stop.wait(_BACKOFF_SECONDS[min(failures, len(_BACKOFF_SECONDS)) - 1] if failures else 0)
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None]) -> Callable[[Any], None]:
+    def hand_over(value: Any) -> None:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(fn, value)
+
+    return hand_over
+
+
+def configmap_files(configmaps: Mapping[str, Any]) -> dict[str, bytes]:
+    """The plan payload held by a set of ConfigMaps (their binaryData, base64 in the API)."""
+    files: dict[str, bytes] = {}
+    for cm in configmaps.values():
+        for name, data in (cm.binary_data or {}).items():
+            files[name] = base64.b64decode(data)
+    return files
+
+
+class ConfigMapPlanWatch:
+    def __init__(
+        self,
+        api: Any,
+        *,
+        namespace: str,
+        pool: str,
+        on_files: Callable[[dict[str, bytes]], None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        from kubernetes import client
+
+        pattern = re.compile(rf"^{re.escape(pool)}-plan(-\d+)?$")
+        core = client.CoreV1Api(api)
+        deliver = _in_loop(loop, on_files)
+
+        def changed(objects: dict[str, Any]) -> None:
+            # Decoding base64 here keeps megabytes of work off the event loop.
+            if objects:
+                deliver(configmap_files(objects))
+
+        self.watch = _ListWatch(
+            f"ConfigMaps {namespace}/{pool}-plan*",
+            core.list_namespaced_config_map,
+            namespace,
+            lambda cm: bool(pattern.match(cm.metadata.name)),
+            changed,
+        )
+
+    def start(self) -> None:
+        self.watch.start()
+
+    def stop(self) -> None:
+        self.watch.stop()
+
+
+def slice_endpoints(slices: Mapping[str, Any], target_port: int | None) -> dict[str, SliceEndpoint]:
+    """Addresses (`ip:port`) of the slices' endpoints with their pod and readiness."""
+    found: dict[str, SliceEndpoint] = {}
+    for item in slices.values():
+        ports = item.ports or []
+        if target_port is not None:
+            port = target_port
+        elif ports and ports[0].port:
+            port = ports[0].port
+        else:
+            continue
+        for ep in item.endpoints or []:
+            conditions = ep.conditions
+            # An absent `ready` means ready (EndpointSlice API semantics).
+            ready = conditions is None or conditions.ready is None or bool(conditions.ready)
+            if conditions is not None and conditions.terminating:
+                ready = False
+            pod = ep.target_ref.name if ep.target_ref is not None else ""
+            for ip in ep.addresses or []:
+                try:
+                    address = parse_address(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+                except SettingsError:
+                    continue
+                found[address] = SliceEndpoint(address, pod, ready)
+    return found
+
+
+class EndpointSliceWatch:
+    def __init__(
+        self,
+        api: Any,
+        *,
+        namespace: str,
+        service: str,
+        target_port: int | None,
+        on_endpoints: Callable[[dict[str, SliceEndpoint]], None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        from kubernetes import client
+
+        discovery = client.DiscoveryV1Api(api)
+        deliver = _in_loop(loop, on_endpoints)
+        self.watch = _ListWatch(
+            f"EndpointSlices of service {namespace}/{service}",
+            discovery.list_namespaced_endpoint_slice,
+            namespace,
+            lambda _s: True,
+            lambda objects: deliver(slice_endpoints(objects, target_port)),
+            label_selector=f"{SERVICE_NAME_LABEL}={service}",
+        )
+
+    def start(self) -> None:
+        self.watch.start()
+
+    def stop(self) -> None:
+        self.watch.stop()

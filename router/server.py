@@ -1,0 +1,194 @@
+"""The router process: gRPC ext_proc and health services, plan sources, scraping, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cacheroute.router.endpoints import EndpointPool, SliceEndpoint
+from cacheroute.router.extproc import ExternalProcessor, RouterCore
+from cacheroute.router.metrics import RouterMetrics
+from cacheroute.router.picker import Picker
+from cacheroute.router.plans import DirectoryPlanSource, PlanStore
+from cacheroute.router.scrape import Scraper
+from cacheroute.router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
+
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+LIVENESS = "liveness"
+READINESS = "readiness"
+# A ConfigMap-assembled payload may be caught half-written; give it this long to complete.
+CONFIGMAP_SETTLE_SECONDS = 3.0
+
+
+class Router:
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.pool = EndpointPool(scraping=settings.scrape_interval > 0)
+        self.picker = Picker(
+            self.pool,
+            spill_threshold=settings.spill_threshold,
+            spill_slack=settings.spill_slack,
+            fallbacks=settings.fallbacks,
+            keys=settings.keys,
+            seed=settings.seed,
+        )
+        self.metrics = RouterMetrics(
+            self.pool, sketch_size=settings.sketch_size, export_key_names=settings.export_key_names
+        )
+        self.core = RouterCore(
+            self.picker,
+            self.metrics,
+            max_body_bytes=settings.max_body_bytes,
+            default_body_mode=settings.default_body_mode,
+        )
+        self.store = PlanStore(self.pool, self.picker, self.metrics)
+        self.health = health.aio.HealthServicer()
+        self.scraper = Scraper(
+            self.pool,
+            interval=settings.scrape_interval,
+            timeout=settings.scrape_timeout,
+            on_failure=lambda e: self.metrics.scrape_failures.labels(e.address).inc(),
+        )
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._metrics_server: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watches: list[Any] = []
+        self._health_state: bool | None = None
+        self._was_ready = False
+
+    # --- readiness --------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Ready to route: a plan is in effect or some endpoint is known, and (when scraping)
+        every endpoint has been scraped once, so its readiness is known. Once ready, the router
+        stays ready: endpoints a later plan adds are simply not picked until scraped."""
+        if not self._was_ready:
+            scraped = self.settings.scrape_interval <= 0 or all(e.scraped for e in self.pool.by_address.values())
+            self._was_ready = (self.store.loaded or self.pool.known) and scraped
+        return self._was_ready
+
+    def _health_changed(self) -> None:
+        if self.ready == self._health_state:
+            return
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(self._publish_health())
+
+    async def _publish_health(self) -> None:
+        ready = self.ready
+        if ready == self._health_state:
+            return
+        self._health_state = ready
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in (READINESS, EXT_PROC_SERVICE, ""):
+            await self.health.set(service, status)
+        log.info("router %s", "ready" if ready else "not ready")
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        self.pool.on_change(self._health_changed)
+        self.pool.on_change(self.scraper.wake)
+        self.store.on_applied(self._health_changed)
+        self.scraper.on_round(self._health_changed)
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        await self._publish_health()
+        self.pool.set_static(s.endpoints)
+
+        server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 100_000)],
+        )
+        pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(self.core), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        self.grpc_port = server.add_insecure_port(f"{s.grpc_host}:{s.grpc_port}")
+        if self.grpc_port == 0:
+            raise OSError(f"cannot listen on {s.grpc_host}:{s.grpc_port}")
+        await server.start()
+        self._server = server
+        self._metrics_server = self.metrics.serve(s.metrics_host, s.metrics_port)
+        self.metrics_port = int(self._metrics_server.server_address[1])
+
+        self._spawn(self.store.run(), "plan-store")
+        if s.plan_dir is not None:
+            source = DirectoryPlanSource(s.plan_dir, self.store, interval=s.plan_poll_interval)
+            source.poll()
+            self._spawn(source.run(), "plan-dir")
+        if s.scrape_interval > 0:
+            self._spawn(self.scraper.run(), "scraper")
+        if s.watches_configmaps or s.service is not None:
+            from cacheroute.router import kube
+
+            api = await asyncio.to_thread(kube.api_client, s.kubeconfig)
+            if s.watches_configmaps:
+                assert s.namespace is not None and s.pool is not None
+                watch = kube.ConfigMapPlanWatch(
+                    api, namespace=s.namespace, pool=s.pool, on_files=self._configmap_files, loop=loop
+                )
+                watch.start()
+                self._watches.append(watch)
+            if s.service is not None:
+                assert s.namespace is not None
+                slices = kube.EndpointSliceWatch(
+                    api, namespace=s.namespace, service=s.service, target_port=s.target_port,
+                    on_endpoints=self._slices, loop=loop,
+                )
+                slices.start()
+                self._watches.append(slices)
+        log.info("ext_proc gRPC on %s:%d, metrics on %s:%d", s.grpc_host, self.grpc_port, s.metrics_host,
+                 self.metrics_port)
+
+    def _configmap_files(self, files: dict[str, bytes]) -> None:
+        self.store.submit(files, origin=f"ConfigMaps {self.settings.namespace}/{self.settings.pool}-plan*",
+                          settle=CONFIGMAP_SETTLE_SECONDS)
+
+    def _slices(self, endpoints: dict[str, SliceEndpoint]) -> None:
+        self.pool.set_slices(endpoints)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        task.add_done_callback(_report_crash)
+        self._tasks.append(task)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        for watch in self._watches:
+            watch.stop()
+        if self._server is not None:
+            await self._server.stop(grace)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping")
+        await self.stop()
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task %s stopped", task.get_name(), exc_info=task.exception())

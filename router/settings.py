@@ -1,0 +1,137 @@
+"""The router's settings: what the command line (or its environment variables) configures."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cacheroute.planner.plan import KeyExtraction
+
+DEFAULT_GRPC_PORT = 9002
+DEFAULT_METRICS_PORT = 9090
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_SKETCH_SIZE = 4096
+
+
+class SettingsError(ValueError):
+    """A setting with a value the router cannot use; the message names the setting."""
+
+
+def parse_address(text: str, what: str = "endpoint") -> str:
+    """Normalise `ip:port` (IPv6 as `[ip]:port`); raises SettingsError naming the bad value."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingsError(f"{what} {text!r} is not ip:port")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError as exc:
+        raise SettingsError(f"{what} {text!r}: {bare!r} is not an IP address") from exc
+    return f"[{ip}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
+
+
+@dataclass(frozen=True)
+class KeyOverrides:
+    """Key-extraction settings given on the command line; None keeps the plan's value.
+
+    An empty string (or 0 for the prefix length) switches that source off even when the plan
+    enables it.
+    """
+
+    header: str | None = None
+    body_field: str | None = None
+    session_header: str | None = None
+    prompt_prefix_chars: int | None = None
+
+    def apply(self, base: KeyExtraction) -> KeyExtraction:
+        return KeyExtraction(
+            header=(self.header if self.header is not None else base.header).lower(),
+            body_field=_override(self.body_field, base.body_field),
+            session_header=_lower(_override(self.session_header, base.session_header)),
+            prompt_prefix_chars=(
+                self.prompt_prefix_chars if self.prompt_prefix_chars is not None else base.prompt_prefix_chars
+            ),
+        )
+
+
+def _override(flag: str | None, base: str | None) -> str | None:
+    value = base if flag is None else flag
+    return value or None
+
+
+def _lower(value: str | None) -> str | None:
+    return value.lower() if value else None
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    grpc_host: str = "0.0.0.0"
+    grpc_port: int = DEFAULT_GRPC_PORT
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = DEFAULT_METRICS_PORT
+    # Plan sources: a mounted ConfigMap directory, or the ConfigMaps read through the API.
+    plan_dir: Path | None = None
+    namespace: str | None = None
+    pool: str | None = None
+    kubeconfig: Path | None = None
+    plan_poll_interval: float = 0.2
+    # Endpoints besides the plan's destinations.
+    endpoints: tuple[str, ...] = ()
+    service: str | None = None
+    target_port: int | None = None
+    keys: KeyOverrides = field(default_factory=KeyOverrides)
+    spill_threshold: float | None = None
+    spill_slack: float = 2.0
+    fallbacks: int = 0
+    scrape_interval: float = 0.5
+    scrape_timeout: float = 1.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    sketch_size: int = DEFAULT_SKETCH_SIZE
+    export_key_names: bool = False
+    # How request/response bodies arrive when Envoy does not say (it does from 1.33 on).
+    default_body_mode: str = "none"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("grpc_port", "metrics_port"):
+            port = getattr(self, name)
+            if not 0 <= port < 65536:
+                raise SettingsError(f"{name.replace('_', '-')} {port} is not a TCP port")
+        if self.plan_dir is not None and self.pool is not None:
+            raise SettingsError("give either plan-dir or pool (ConfigMaps through the API) as plan source, not both")
+        if self.pool is not None and self.namespace is None:
+            raise SettingsError(f"reading the ConfigMaps of pool {self.pool!r} needs namespace")
+        if self.service is not None and self.namespace is None:
+            raise SettingsError("watching EndpointSlices of a service needs namespace")
+        if self.spill_threshold is not None and not self.spill_threshold >= 1.0:
+            raise SettingsError(f"spill-threshold {self.spill_threshold} must be >= 1.0")
+        if self.spill_slack < 0:
+            raise SettingsError(f"spill-slack {self.spill_slack} must be >= 0")
+        if not 0 <= self.fallbacks <= 16:
+            raise SettingsError(f"fallbacks {self.fallbacks} must be between 0 and 16")
+        if self.scrape_interval < 0:
+            raise SettingsError(f"scrape-interval {self.scrape_interval} must be >= 0 (0 turns scraping off)")
+        if self.scrape_timeout <= 0:
+            raise SettingsError(f"scrape-timeout {self.scrape_timeout} must be > 0")
+        if self.plan_poll_interval <= 0:
+            raise SettingsError(f"plan-poll-interval {self.plan_poll_interval} must be > 0")
+        if self.max_body_bytes < 0:
+            raise SettingsError(f"max-body-bytes {self.max_body_bytes} must be >= 0")
+        if self.sketch_size < 1:
+            raise SettingsError(f"sketch-size {self.sketch_size} must be >= 1")
+        if self.default_body_mode not in BODY_MODES:
+            raise SettingsError(f"body-mode {self.default_body_mode!r} is not one of {', '.join(BODY_MODES)}")
+        if self.keys.prompt_prefix_chars is not None and self.keys.prompt_prefix_chars < 0:
+            raise SettingsError(f"prompt-prefix-chars {self.keys.prompt_prefix_chars} must be >= 0")
+        if self.target_port is not None and not 0 < self.target_port < 65536:
+            raise SettingsError(f"target-port {self.target_port} is not a TCP port")
+        object.__setattr__(self, "endpoints", tuple(parse_address(e) for e in self.endpoints))
+
+    @property
+    def watches_configmaps(self) -> bool:
+        return self.pool is not None
+
+
+# Names accepted by --body-mode, matching Envoy's ProcessingMode.BodySendMode.
+BODY_MODES = ("none", "streamed", "buffered", "buffered-partial", "full-duplex")

@@ -1,0 +1,170 @@
+"""One ext_proc stream, message by message, in each body mode Envoy may use."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
+from cacheroute.router.endpoints import EndpointPool
+from cacheroute.router.extproc import Exchange, RouterCore
+from cacheroute.router.metrics import RouterMetrics
+from cacheroute.router.picker import Picker
+from cacheroute.router.table import build_table
+
+Mode = processing_mode_pb2.ProcessingMode
+ADDRESSES = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+
+
+def make_core(max_body_bytes: int = 1 << 20, ready: bool = True) -> RouterCore:
+    pool = EndpointPool(scraping=not ready)
+    picker = Picker(pool, seed=1)
+    destinations = [Destination(f"pool-{i}", a) for i, a in enumerate(ADDRESSES)]
+    plan = plan_from_routes("pool", destinations, {affinity_key_hash("alice"): ["pool-2"]})
+    pool.set_plan_destinations(plan.destinations)
+    picker.install(build_table(plan, "v1"))
+    metrics = RouterMetrics(pool, sketch_size=16, export_key_names=False)
+    return RouterCore(picker, metrics, max_body_bytes=max_body_bytes)
+
+
+def sample(core: RouterCore, name: str, **labels: str) -> float | None:
+    return core.metrics.registry.get_sample_value(name, labels)
+
+
+def headers(mode: int, *, key: str | None = None, eos: bool = False) -> pb.ProcessingRequest:
+    values = [base_pb2.HeaderValue(key=":method", raw_value=b"POST")]
+    if key is not None:
+        values.append(base_pb2.HeaderValue(key="x-affinity-key", raw_value=key.encode()))
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=values), end_of_stream=eos),
+        protocol_config=pb.ProtocolConfiguration(request_body_mode=mode, response_body_mode=Mode.NONE),
+    )
+
+
+def body(chunk: bytes, eos: bool) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=eos))
+
+
+def routed_to(response: pb.ProcessingResponse) -> str:
+    phase = response.WhichOneof("response")
+    common = getattr(response, phase).response
+    assert common.clear_route_cache
+    value: str = common.header_mutation.set_headers[0].header.raw_value.decode()
+    assert response.dynamic_metadata.fields["envoy.lb"].struct_value.fields[
+        "x-gateway-destination-endpoint"
+    ].string_value == value
+    return value
+
+
+def echoed(response: pb.ProcessingResponse) -> tuple[bytes, bool]:
+    streamed = response.request_body.response.body_mutation.streamed_response
+    return streamed.body, streamed.end_of_stream
+
+
+BODY = json.dumps({"model": "m", "user": "alice", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def test_full_duplex_holds_headers_and_chunks_until_the_body_ends() -> None:
+    core = make_core()
+    ex = Exchange(core)
+    assert ex.handle(headers(Mode.FULL_DUPLEX_STREAMED)) == []
+    assert ex.handle(body(BODY[:10], False)) == []
+    replies = ex.handle(body(BODY[10:], True))
+    assert replies[0].WhichOneof("response") == "request_headers"
+    assert routed_to(replies[0]) == ADDRESSES[2]
+    assert [echoed(r) for r in replies[1:]] == [(BODY[:10], False), (BODY[10:], True)]
+    assert core.pool.by_address[ADDRESSES[2]].in_flight == 1
+    ex.finish()
+    assert core.pool.by_address[ADDRESSES[2]].in_flight == 0
+
+
+def test_full_duplex_past_the_limit_decides_by_p2c_and_streams_the_rest() -> None:
+    core = make_core(max_body_bytes=16)
+    ex = Exchange(core)
+    ex.handle(headers(Mode.FULL_DUPLEX_STREAMED))
+    assert ex.handle(body(BODY[:12], False)) == []
+    replies = ex.handle(body(BODY[12:24], False))
+    assert ex.outcome == "p2c"
+    assert [echoed(r) for r in replies[1:]] == [(BODY[:12], False), (BODY[12:24], False)]
+    assert ex.chunks == [] and ex.held == []
+    (last,) = ex.handle(body(BODY[24:], True))
+    assert echoed(last) == (BODY[24:], True)
+    assert sample(core, "cacheroute_router_body_key_fallbacks_total", reason="too_large") == 1
+
+
+def test_full_duplex_with_trailers_decides_on_the_trailers() -> None:
+    ex = Exchange(make_core())
+    ex.handle(headers(Mode.FULL_DUPLEX_STREAMED))
+    ex.handle(body(BODY, False))
+    replies = ex.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
+    assert routed_to(replies[0]) == ADDRESSES[2]
+    assert echoed(replies[1]) == (BODY, False)
+    assert replies[2].WhichOneof("response") == "request_trailers"
+
+
+def test_buffered_decides_on_the_body_message() -> None:
+    ex = Exchange(make_core())
+    (first,) = ex.handle(headers(Mode.BUFFERED))
+    assert first.WhichOneof("response") == "request_headers"
+    assert not first.request_headers.response.HasField("header_mutation")
+    (reply,) = ex.handle(body(BODY, True))
+    assert reply.WhichOneof("response") == "request_body"
+    assert routed_to(reply) == ADDRESSES[2]
+    assert ex.key is not None and ex.key.name == "alice"
+
+
+def test_key_header_decides_on_the_headers_and_the_body_only_feeds_estimates() -> None:
+    core = make_core()
+    ex = Exchange(core)
+    (reply,) = ex.handle(headers(Mode.BUFFERED, key="alice"))
+    assert routed_to(reply) == ADDRESSES[2]
+    conversation = json.dumps({"model": "m", "messages": [
+        {"role": "system", "content": "s" * 400}, {"role": "user", "content": "next"}
+    ]}).encode()
+    (passed,) = ex.handle(body(conversation, True))
+    assert passed.WhichOneof("response") == "request_body"
+    assert not passed.request_body.response.HasField("header_mutation")
+    assert ex.prefix_tokens == 0  # measured only after the reply went out
+    ex.after_reply()
+    assert ex.prefix_tokens >= 100
+    ex.finish()
+    snap = core.metrics.sketch.snapshot()
+    assert snap.keys[0].key == affinity_key_hash("alice")
+    assert snap.keys[0].prompt_tokens == -(-len(conversation) // 4)
+    assert snap.keys[0].prefix_tokens == ex.prefix_tokens
+
+
+@pytest.mark.parametrize("mode", [Mode.NONE, Mode.STREAMED])
+def test_modes_without_a_held_body_decide_on_the_headers(mode: int) -> None:
+    ex = Exchange(make_core())
+    (reply,) = ex.handle(headers(mode))
+    assert reply.WhichOneof("response") == "request_headers"
+    assert ex.outcome == "p2c"
+
+
+def test_no_ready_endpoint_is_an_immediate_503() -> None:
+    core = make_core(ready=False)
+    ex = Exchange(core)
+    assert ex.handle(headers(Mode.FULL_DUPLEX_STREAMED)) == []
+    (reply,) = ex.handle(body(BODY, True))
+    assert reply.immediate_response.status.code == 503
+    ex.finish()
+    assert core.metrics.sketch.snapshot().total_requests == 0
+
+
+def test_response_usage_replaces_the_estimate() -> None:
+    core = make_core()
+    ex = Exchange(core)
+    ex.handle(headers(Mode.BUFFERED, key="alice"))
+    ex.handle(body(BODY, True))
+    ex.handle(pb.ProcessingRequest(response_headers=pb.HttpHeaders()))
+    usage = b'{"usage": {"prompt_tokens": 321, "completion_tokens": 2}}'
+    (reply,) = ex.handle(pb.ProcessingRequest(response_body=pb.HttpBody(body=usage, end_of_stream=True)))
+    assert reply.WhichOneof("response") == "response_body"
+    ex.finish()
+    assert core.metrics.sketch.snapshot().keys[0].prompt_tokens == 321
+    assert sample(core, "cacheroute_router_prompt_token_counts_total", source="usage") == 1

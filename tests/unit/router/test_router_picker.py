@@ -1,0 +1,212 @@
+"""Which endpoint a request gets: planned, spilled, p2c or none."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from cacheroute.planner.plan import Destination, Plan, affinity_key_hash, plan_from_routes
+from cacheroute.router.endpoints import EndpointPool, SliceEndpoint
+from cacheroute.router.picker import NONE, P2C, PLANNED, SPILLED, Picker
+from cacheroute.router.table import build_table
+
+ADDRESSES = [f"10.0.0.{i}:8000" for i in range(1, 7)]
+
+
+def plan_for(routes: dict[str, list[int]], spill_threshold: float = 1.5) -> Plan:
+    destinations = [Destination(f"pool-{i}", a) for i, a in enumerate(ADDRESSES)]
+    return plan_from_routes(
+        "pool",
+        destinations,
+        {affinity_key_hash(k): [f"pool-{i}" for i in v] for k, v in routes.items()},
+        spill_threshold=spill_threshold,
+    )
+
+
+def picker_for(plan: Plan, *, seed: int = 1, slack: float = 2.0, fallbacks: int = 0) -> Picker:
+    pool = EndpointPool(scraping=False)
+    picker = Picker(pool, spill_slack=slack, fallbacks=fallbacks, seed=seed)
+    pool.set_plan_destinations(plan.destinations)
+    picker.install(build_table(plan, "v1"))
+    return picker
+
+
+def key(name: str) -> int:
+    return affinity_key_hash(name)
+
+
+def test_planned_key_goes_to_its_destination() -> None:
+    picker = picker_for(plan_for({"alice": [3]}))
+    for _ in range(20):
+        decision = picker.pick(key("alice"))
+        assert decision.outcome == PLANNED
+        assert decision.endpoints[0].address == ADDRESSES[3]
+
+
+def test_multi_destination_key_takes_the_least_loaded() -> None:
+    picker = picker_for(plan_for({"alice": [1, 2, 4]}))
+    by_address = picker.pool.by_address
+    by_address[ADDRESSES[1]].in_flight = 3
+    by_address[ADDRESSES[2]].in_flight = 1
+    by_address[ADDRESSES[4]].in_flight = 2
+    assert picker.pick(key("alice")).endpoints[0].address == ADDRESSES[2]
+
+
+def test_ties_are_broken_by_the_key_hash_identically_on_every_replica() -> None:
+    plan = plan_for({f"k{i}": [0, 1, 2] for i in range(60)})
+    first = picker_for(plan, seed=1)
+    second = picker_for(plan, seed=99)
+    chosen = [first.pick(key(f"k{i}")).endpoints[0].address for i in range(60)]
+    assert chosen == [second.pick(key(f"k{i}")).endpoints[0].address for i in range(60)]
+    # The hash spreads equally loaded keys over the key's destinations.
+    assert set(chosen) == set(ADDRESSES[:3])
+    assert chosen[0] == ADDRESSES[key("k0") % 3]
+
+
+def test_overloaded_destination_spills_to_p2c() -> None:
+    picker = picker_for(plan_for({"alice": [0]}, spill_threshold=1.5), slack=2.0)
+    hot = picker.pool.by_address[ADDRESSES[0]]
+    # Mean load over 6 endpoints with 12 in flight on the hot one: 2.0; bound 1.5 * 2 + 2 = 5.
+    for _ in range(12):
+        picker.pool.acquire(hot)
+    decision = picker.pick(key("alice"))
+    assert decision.outcome == SPILLED
+    assert decision.endpoints[0] is not hot
+
+
+def test_load_within_the_bound_stays_planned() -> None:
+    picker = picker_for(plan_for({"alice": [0]}, spill_threshold=2.0), slack=1.0)
+    pool = picker.pool
+    for e in pool.ready:
+        for _ in range(4):
+            pool.acquire(e)
+    hot = pool.by_address[ADDRESSES[0]]
+    # Mean 4.5 after 3 more on the hot endpoint: bound 2 * 4.5 + 1 = 10, load 7.
+    for _ in range(3):
+        pool.acquire(hot)
+    assert picker.pick(key("alice")).outcome == PLANNED
+
+
+def test_scraped_queue_counts_as_load() -> None:
+    picker = picker_for(plan_for({"alice": [0]}))
+    pool = picker.pool
+    pool.record_scrape(pool.by_address[ADDRESSES[0]], ok=True, waiting=40)
+    assert pool.waiting_ready == 40
+    assert picker.pick(key("alice")).outcome == SPILLED
+
+
+def test_unready_planned_destination_spills() -> None:
+    plan = plan_for({"alice": [2]})
+    pool = EndpointPool(scraping=True)
+    picker = Picker(pool, seed=3)
+    pool.set_plan_destinations(plan.destinations)
+    picker.install(build_table(plan, "v1"))
+    for e in list(pool.by_address.values()):
+        pool.record_scrape(e, ok=e.address != ADDRESSES[2])
+    decisions = [picker.pick(key("alice")) for _ in range(30)]
+    assert {d.outcome for d in decisions} == {SPILLED}
+    assert ADDRESSES[2] not in {d.endpoints[0].address for d in decisions}
+
+
+def test_unplanned_or_missing_key_uses_p2c_and_prefers_the_lighter_endpoint() -> None:
+    plan = plan_for({"alice": [0]})
+    picker = picker_for(plan)
+    pool = picker.pool
+    # Only two ready endpoints: p2c compares exactly these two.
+    pool.set_slices({a: SliceEndpoint(a, "", a in ADDRESSES[:2]) for a in ADDRESSES})
+    pool.by_address[ADDRESSES[0]].in_flight = 5
+    for k in (key("bob"), None):
+        decision = picker.pick(k)
+        assert decision.outcome == P2C
+        assert decision.endpoints[0].address == ADDRESSES[1]
+
+
+def test_p2c_spreads_equal_load() -> None:
+    picker = picker_for(plan_for({}))
+    counts = Counter(picker.pick(None).endpoints[0].address for _ in range(600))
+    assert set(counts) == set(ADDRESSES)
+    assert min(counts.values()) > 50
+
+
+def test_no_ready_endpoint_is_none() -> None:
+    picker = picker_for(plan_for({"alice": [0]}))
+    picker.pool.set_slices({})
+    assert picker.pick(key("alice")).outcome == NONE
+    assert picker.pick(None) == (NONE, ())
+
+
+def test_single_ready_endpoint_keeps_an_overloaded_key() -> None:
+    picker = picker_for(plan_for({"alice": [0]}))
+    pool = picker.pool
+    pool.set_slices({ADDRESSES[0]: SliceEndpoint(ADDRESSES[0], "pool-0", True)})
+    for _ in range(50):
+        pool.acquire(pool.by_address[ADDRESSES[0]])
+    assert picker.pick(key("alice")).outcome == PLANNED
+
+
+def test_subset_hint_limits_the_choice() -> None:
+    picker = picker_for(plan_for({"alice": [0]}))
+    allowed = {ADDRESSES[4], ADDRESSES[5]}
+    decision = picker.pick(key("alice"), allowed)
+    assert decision.outcome == SPILLED
+    assert decision.endpoints[0].address in allowed
+    assert picker.pick(key("alice"), {"10.9.9.9:1"}).outcome == NONE
+
+
+@pytest.mark.parametrize("fallbacks", [1, 3])
+def test_fallbacks_list_planned_destinations_then_the_least_loaded(fallbacks: int) -> None:
+    picker = picker_for(plan_for({"alice": [2, 4]}), fallbacks=fallbacks)
+    pool = picker.pool
+    pool.by_address[ADDRESSES[4]].in_flight = 1
+    pool.by_address[ADDRESSES[0]].in_flight = 3
+    for a in ADDRESSES[1], ADDRESSES[3], ADDRESSES[5]:
+        pool.by_address[a].in_flight = 2
+    endpoints = [e.address for e in picker.pick(key("alice")).endpoints]
+    assert endpoints[:2] == [ADDRESSES[2], ADDRESSES[4]][: fallbacks + 1]
+    assert len(endpoints) == fallbacks + 1
+    assert ADDRESSES[0] not in endpoints
+    assert len(set(endpoints)) == len(endpoints)
+
+
+def test_a_new_plan_replaces_the_old_one() -> None:
+    picker = picker_for(plan_for({"alice": [0]}))
+    picker.install(build_table(plan_for({"alice": [5]}), "v2"))
+    assert picker.pick(key("alice")).endpoints[0].address == ADDRESSES[5]
+    assert picker.table.version == "v2"
+
+
+def test_in_flight_totals_follow_readiness_changes() -> None:
+    pool = EndpointPool(scraping=True)
+    pool.set_static(ADDRESSES[:2])
+    a, b = (pool.by_address[x] for x in ADDRESSES[:2])
+    pool.record_scrape(a, ok=True, waiting=3)
+    pool.record_scrape(b, ok=True, waiting=1)
+    pool.acquire(a)
+    pool.acquire(a)
+    pool.acquire(b)
+    assert (pool.in_flight_ready, pool.waiting_ready) == (3, 4)
+    pool.record_scrape(a, ok=False)
+    assert (pool.in_flight_ready, pool.waiting_ready) == (1, 1)
+    pool.release(a)
+    pool.record_scrape(a, ok=True, waiting=2)
+    assert (pool.in_flight_ready, pool.waiting_ready) == (2, 3)
+    assert pool.mean_load() == 2.5
+    pool.set_static(ADDRESSES[1:2])
+    assert (pool.in_flight_ready, pool.waiting_ready) == (1, 1)
+
+
+def test_slices_decide_membership_except_for_static_endpoints() -> None:
+    pool = EndpointPool(scraping=False)
+    pool.set_static([ADDRESSES[0]])
+    pool.set_plan_destinations([Destination("pool-1", ADDRESSES[1]), Destination("pool-2")])
+    pool.set_slices({
+        ADDRESSES[2]: SliceEndpoint(ADDRESSES[2], "pool-2", True),
+        ADDRESSES[3]: SliceEndpoint(ADDRESSES[3], "pool-3", False),
+    })
+    ready = {e.address for e in pool.ready}
+    # Static: kept; plan address unknown to the slices: out; address-less destination: found by pod.
+    assert ready == {ADDRESSES[0], ADDRESSES[2]}
+    assert pool.by_address[ADDRESSES[2]].destination == "pool-2"
+    assert pool.resolve(Destination("pool-2")) is pool.by_address[ADDRESSES[2]]
+    assert not pool.by_address[ADDRESSES[3]].ready
