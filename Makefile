@@ -41,5 +41,10 @@ bench: $(STAMP) sandbox-deps
 	@mkdir -p bench-results
 	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
 
+## Shadow replay of the paper's workload on 30 simulated H100 destinations: table, JSON and plots in demo/.
+demo: $(STAMP)
+	$(VENV)/bin/cacheroute replay --workload cacheroute-paper --duration 900 --destinations 30 \
+	    --policies p2c,prefix-tree,gie-prefix,preble,cacheroute --qps 40,55,70 --out demo
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info bench-results .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info bench-results demo .mypy_cache .ruff_cache .pytest_cache

@@ -95,8 +95,6 @@ def validate(
 
 def _register_extensions() -> None:
     for module_name, kind in _EXTENSIONS:
-        if importlib.util.find_spec(module_name) is None:
-            continue
         module = importlib.import_module(module_name)
         if kind == "register":
             module.register(app)

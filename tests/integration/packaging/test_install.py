@@ -29,8 +29,9 @@ def test_pip_install_then_crds_is_byte_identical(tmp_path: Path) -> None:
     # A non-editable install from a copy proves nothing leans on the source tree.
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "bench-results"))
-    subprocess.run([_uv(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(src)],
-                   check=True, env=env)
+    subprocess.run(
+        [_uv(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(src)], check=True, env=env
+    )
     shutil.rmtree(src)
     out = tmp_path / "crds"
     subprocess.run([str(venv / "bin" / "cacheroute"), "crds", "--out", str(out)], check=True, cwd=tmp_path)
@@ -38,13 +39,23 @@ def test_pip_install_then_crds_is_byte_identical(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.glob("*.yaml")) == committed
     for name in committed:
         assert (out / name).read_bytes() == (REPO / "crds" / name).read_bytes(), name
-    installed = subprocess.run([str(venv / "bin" / "python"), "-c", "import cacheroute.planner.plan as m; print(m.__file__)"],
-                               check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import cacheroute.planner.plan as m; print(m.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    ).stdout
     assert "site-packages" in installed
 
 
 def test_import_operator_from_repo_root_is_the_standard_library() -> None:
     for flags in ([], ["-S"]):
-        out = subprocess.run([sys.executable, *flags, "-c", "import operator; print(operator.__file__)"],
-                             cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(
+            [sys.executable, *flags, "-c", "import operator; print(operator.__file__)"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         assert not out.startswith(str(REPO)), out

@@ -1,0 +1,317 @@
+"""`cacheroute replay`: shadow-replay a workload through routing policies and compare them."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cacheroute.planner.mooncake import TraceFormatError, infer_threads, parse_key_spec, read_mooncake
+from cacheroute.planner.sim.capacity import DEFAULT_SLO_P99_TTFT_S, CapacityResult, Probe, base_qps, find_capacity
+from cacheroute.planner.sim.metrics import ReplayMetrics, summarize
+from cacheroute.planner.sim.planned import DEFAULT_CONTROL_PERIOD_S, DEFAULT_WINDOW_S, PlannerSettings
+from cacheroute.planner.sim.profile import DEFAULT_PROFILE, PROFILES, get_profile
+from cacheroute.planner.sim.registry import POLICIES, make_policy, policy_names
+from cacheroute.planner.sim.simulator import SimConfig, simulate
+from cacheroute.planner.trace import RequestTrace
+from cacheroute.planner.tracestats import TraceStats, trace_stats
+from cacheroute.planner.workloads import PRESETS, generate, preset
+
+REPLAY_HELP = f"""Shadow-replay a workload through routing policies on a simulated vLLM fleet.
+
+Input is a generated workload (--workload: {", ".join(PRESETS)}) or a Mooncake trace (--trace,
+keys derived by --key: first-blocks:K, thread or none). Each policy is replayed at the rates of
+--qps (comma-separated; the trace's own rate when omitted), or its capacity is searched with
+--capacity: the highest rate whose p99 TTFT stays within --slo-p99-ttft.
+
+Policies: {", ".join(POLICIES)}.
+
+With --out DIR the command writes replay.json (settings, workload statistics, per-policy figures)
+and two plots: ttft_p99_vs_qps.png and kv_hit.png.
+"""
+
+err = Console(stderr=True)
+
+
+class ReplayInputError(ValueError):
+    """Command-line input that cannot be used; printed without a traceback."""
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+def parse_qps_list(text: str) -> list[float]:
+    out: list[float] = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        try:
+            q = float(part)
+        except ValueError:
+            raise ReplayInputError(f"--qps must be numbers separated by commas, got {part.strip()!r}") from None
+        if not (math.isfinite(q) and q > 0):
+            raise ReplayInputError(f"--qps values must be positive, got {part.strip()!r}")
+        out.append(q)
+    if not out:
+        raise ReplayInputError("--qps is empty")
+    return out
+
+
+def load_workload(workload: str | None, trace: Path | None, key: str, seed: int,
+                  duration: float | None) -> tuple[RequestTrace, TraceStats, dict[str, Any]]:
+    """The trace to replay, its statistics and a description (the CLI's only file input)."""
+    if (workload is None) == (trace is None):
+        raise ReplayInputError("give exactly one of --workload and --trace")
+    if duration is not None and not duration > 0:
+        raise ReplayInputError(f"--duration must be positive, got {duration}")
+    parse_key_spec(key)
+    if workload is not None:
+        spec = preset(workload, seed=seed)
+        w = generate(spec)
+        tr, thread = w.trace, w.thread
+        info: dict[str, Any] = {"workload": spec.to_dict()}
+    else:
+        assert trace is not None
+        try:
+            tr = read_mooncake(trace, key=key)
+        except OSError as exc:
+            raise ReplayInputError(f"cannot read --trace {trace}: {exc.strerror or exc}") from None
+        thread = infer_threads(tr)
+        info = {"trace": str(trace), "key": key}
+    if duration is not None:
+        start = float(tr.arrival_s[0])
+        n_before = len(tr)
+        keep = int(np.searchsorted(tr.arrival_s, start + duration, side="left"))
+        tr = tr.window(start, start + duration)
+        thread = thread[:keep]
+        info["window_s"] = duration
+        info["requests_before_window"] = n_before
+    if len(tr) < 2:
+        raise ReplayInputError("the workload has fewer than two requests (raise --duration?)")
+    return tr, trace_stats(tr, thread), info
+
+
+def _fmt(x: float, pct: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.1%}" if pct else f"{x:.2f}"
+
+
+def _table(rows: list[dict[str, Any]], capacity: bool, slo: float) -> Table:
+    t = Table(title="replay" + (f" — capacity at p99 TTFT <= {slo:g}s" if capacity else ""))
+    t.add_column("policy", no_wrap=True)
+    t.add_column("capacity QPS" if capacity else "QPS", justify="right")
+    for col in ("KV hit", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99", "CV busy", "CV tokens"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        m: ReplayMetrics | None = r["metrics"]
+        q = r["qps"]
+        if m is None:
+            t.add_row(r["policy"], _fmt(q), *["-"] * 7)
+            continue
+        late = m.aborted or m.ttft_p99_s > slo
+        p99 = _fmt(m.ttft_p99_s)
+        t.add_row(
+            r["policy"], _fmt(q), _fmt(m.kv_hit, pct=True), _fmt(m.ttft_p50_s),
+            f"[red]{p99}[/]" if late else p99, _fmt(m.e2e_p50_s), _fmt(m.e2e_p99_s),
+            _fmt(m.load_cv_busy), _fmt(m.load_cv_tokens),
+        )
+    return t
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tuple[float, float]]],
+                  hits: dict[str, float], slo: float) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    path = out / "replay.json"
+    path.write_text(json.dumps(_clean(report), indent=2) + "\n", encoding="utf-8")
+    written.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    cmap = plt.get_cmap("tab20")
+    markers = "os^Dv<>pPX*h"
+    for i, (name, raw) in enumerate(curves.items()):
+        pts = sorted(raw)
+        xs = [q for q, _ in pts]
+        ys = [p if math.isfinite(p) else float("nan") for _, p in pts]
+        ax.plot(xs, ys, marker=markers[i % len(markers)], color=cmap((2 * i) % 20), label=name)
+    ax.axhline(slo, color="grey", linestyle="--", linewidth=1, label=f"SLO {slo:g}s")
+    ax.set_xlabel("QPS")
+    ax.set_ylabel("p99 TTFT (s)")
+    ax.set_yscale("log")
+    ax.set_title("p99 TTFT vs QPS (aborted probes omitted)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "ttft_p99_vs_qps.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(hits)
+    ax.bar(names, [hits[n] * 100 for n in names], color="tab:blue")
+    ax.set_ylabel("served KV hit (%)")
+    ax.set_title("served token-weighted KV hit per policy")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    path = out / "kv_hit.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("replay", help=REPLAY_HELP)
+    def replay(
+        *,
+        workload: Annotated[str | None, typer.Option(help=f"generated workload: {', '.join(PRESETS)}")] = None,
+        trace: Annotated[Path | None, typer.Option(help="Mooncake JSONL trace")] = None,
+        key: Annotated[
+            str, typer.Option(help="affinity key of a trace: first-blocks:K, thread, none")
+        ] = "first-blocks:4",
+        destinations: Annotated[int, typer.Option(help="number of destinations (vLLM replicas)")] = 30,
+        policies: Annotated[
+            str, typer.Option(help="comma-separated policies, or all")
+        ] = "p2c,prefix-tree,preble,cacheroute",
+        qps: Annotated[str | None, typer.Option(help="replay rates, comma-separated (requests/s)")] = None,
+        capacity: Annotated[bool, typer.Option("--capacity", help="search each policy's capacity")] = False,
+        slo_p99_ttft: Annotated[
+            float, typer.Option("--slo-p99-ttft", help="p99 TTFT SLO in seconds")
+        ] = DEFAULT_SLO_P99_TTFT_S,
+        seed: Annotated[int, typer.Option(help="seed of the workload and of the policies")] = 0,
+        duration: Annotated[float | None, typer.Option(help="replay only the first DURATION seconds")] = None,
+        profile: Annotated[str, typer.Option(help=f"engine profile: {', '.join(PROFILES)}")] = DEFAULT_PROFILE.name,
+        kv_capacity_tokens: Annotated[
+            int | None, typer.Option(help="KV tokens per destination (default: the profile's)")
+        ] = None,
+        warmup: Annotated[float, typer.Option(help="share of requests left out of the figures")] = 0.1,
+        plan_period: Annotated[
+            float, typer.Option(help="CacheRoute control period, seconds")
+        ] = DEFAULT_CONTROL_PERIOD_S,
+        plan_window: Annotated[float, typer.Option(help="CacheRoute statistics window, seconds")] = DEFAULT_WINDOW_S,
+        out: Annotated[Path | None, typer.Option(help="directory for replay.json and the plots")] = None,
+    ) -> None:
+        console = Console(width=140) if not Console().is_terminal else Console()
+        try:
+            names = policy_names(policies)
+            if destinations < 1:
+                raise ReplayInputError(f"--destinations must be at least 1, got {destinations}")
+            if qps is not None and capacity:
+                raise ReplayInputError("give --qps or --capacity, not both")
+            if not slo_p99_ttft > 0:
+                raise ReplayInputError(f"--slo-p99-ttft must be positive, got {slo_p99_ttft}")
+            prof = get_profile(profile)
+            if kv_capacity_tokens is not None:
+                if kv_capacity_tokens <= 0:
+                    raise ReplayInputError(f"--kv-capacity-tokens must be positive, got {kv_capacity_tokens}")
+                prof = prof.with_kv_capacity(kv_capacity_tokens)
+            planner = PlannerSettings(control_period_s=plan_period, window_s=plan_window)
+            rates = parse_qps_list(qps) if qps is not None else None
+            cfg = SimConfig(destinations=destinations, profile=prof, warmup_fraction=warmup, seed=seed)
+            with console.status("preparing the workload"):
+                tr, stats, info = load_workload(workload, trace, key, seed, duration)
+        except (ReplayInputError, TraceFormatError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+
+        own = base_qps(tr)
+        console.print(
+            f"[bold]{tr.name}[/]: {len(tr):,} requests over {tr.duration_s:,.0f}s ({own:.1f} QPS), "
+            f"{stats.distinct_keys:,} keys, top {stats.top_keys_fraction:.0%} of keys carry "
+            f"{stats.top_keys_request_share:.1%} of requests, {stats.multi_turn_request_share:.1%} in multi-turn "
+            f"threads, ideal KV reuse {stats.ideal_token_reuse:.1%}; {destinations} x {prof.name} "
+            f"({prof.kv_capacity_tokens:,} KV tokens each)"
+        )
+
+        def factory(name: str) -> Callable[[], Any]:
+            return lambda: make_policy(name, planner=planner)
+
+        rows: list[dict[str, Any]] = []
+        curves: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+        hits: dict[str, float] = {}
+        results: list[dict[str, Any]] = []
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            runs = bar.add_task("policies", total=len(names) * (len(rates) if rates else 1))
+            req_task = bar.add_task("requests", total=len(tr))
+
+            def tick(done: int, total: int) -> None:
+                bar.update(req_task, completed=done, total=total)
+
+            for name in names:
+                if capacity:
+                    bar.update(runs, description=f"capacity of {name}")
+
+                    def record(p: Probe, name: str = name) -> None:
+                        if not p.metrics.aborted:
+                            curves[name].append((p.qps, p.ttft_p99_s))
+                        bar.update(req_task, completed=0)
+
+                    cap: CapacityResult = find_capacity(
+                        tr, factory(name), cfg, slo_p99_ttft_s=slo_p99_ttft, start_qps=own, on_probe=record,
+                    )
+                    rows.append({"policy": name, "qps": cap.qps, "metrics": cap.best})
+                    if cap.best is not None:
+                        hits[name] = cap.best.kv_hit
+                    results.append(cap.to_dict())
+                    bar.advance(runs)
+                    continue
+                for q in rates or [own]:
+                    bar.update(runs, description=f"{name} at {q:g} QPS")
+                    pol = make_policy(name, planner=planner)
+                    res = simulate(tr.time_scaled(q / own), pol, cfg, progress=tick)
+                    m = summarize(res)
+                    rows.append({"policy": name, "qps": q, "metrics": m})
+                    curves[name].append((q, m.ttft_p99_s))
+                    hits[name] = m.kv_hit
+                    results.append({"policy": name, "qps": q, "settings": pol.describe(), "metrics": m.to_dict()})
+                    bar.advance(runs)
+
+        console.print(_table(rows, capacity, slo_p99_ttft))
+        if out is not None:
+            report = {
+                "command": "replay",
+                "mode": "capacity" if capacity else "fixed-qps",
+                "destinations": destinations,
+                "profile": {**prof.__dict__},
+                "slo_p99_ttft_s": slo_p99_ttft,
+                "seed": seed,
+                "warmup_fraction": warmup,
+                "planner": {"control_period_s": plan_period, "window_s": plan_window},
+                "input": info,
+                "workload_stats": stats.to_dict(),
+                "results": results,
+            }
+            try:
+                for path in write_outputs(out, report, curves, hits, slo_p99_ttft):
+                    console.print(f"wrote {path}")
+            except OSError as exc:
+                raise _fail(f"cannot write to {out}: {exc.strerror or exc}") from None
+

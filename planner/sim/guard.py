@@ -1,0 +1,128 @@
+"""The operator's guard: replay a window under a candidate plan, the current plan and p2c.
+
+    verdict = guard(window_trace, candidate_plan, current_plan)
+    if verdict.passed: apply(candidate_plan)
+
+or, from the per-key statistics the operator reads from Prometheus:
+
+    verdict = guard_from_stats(key_stats, candidate_plan, current_plan, duration_s=300)
+
+The candidate passes when its predicted p99 TTFT meets the SLO (or at least does not miss it by
+more than p2c does), is not worse than p2c's by more than the tolerance, and its served KV hit is
+at least p2c's plus `min_kv_hit_gain`. Caches start cold: the first `warmup_fraction` of the
+window only warms them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cacheroute.planner.keystats import KeyStats
+from cacheroute.planner.plan import Plan
+from cacheroute.planner.sim.metrics import ReplayMetrics, summarize
+from cacheroute.planner.sim.planned import Planned
+from cacheroute.planner.sim.policies import PowerOfTwo
+from cacheroute.planner.sim.profile import DEFAULT_PROFILE, EngineProfile
+from cacheroute.planner.sim.simulator import SimConfig, simulate
+from cacheroute.planner.sim.window import window_from_stats
+from cacheroute.planner.trace import RequestTrace
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    slo_p99_ttft_s: float = 3.5
+    tolerance: float = 0.05  # relative slack on p99 TTFT against p2c
+    tolerance_s: float = 0.05  # absolute slack, so near-zero latencies do not flip the verdict
+    min_kv_hit_gain: float = 0.0
+    warmup_fraction: float = 0.5
+    # How much recent traffic a replay-time guard (the `cacheroute-guard` policy) replays.
+    window_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.slo_p99_ttft_s > 0:
+            raise ValueError("guard SLO must be positive")
+        if self.tolerance < 0 or self.tolerance_s < 0:
+            raise ValueError("guard tolerances must not be negative")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ValueError("guard warmup_fraction must be in [0, 1)")
+        if not self.window_s > 0:
+            raise ValueError("guard window must be positive")
+
+
+@dataclass(frozen=True)
+class GuardVerdict:
+    passed: bool
+    reason: str
+    candidate: ReplayMetrics
+    p2c: ReplayMetrics
+    current: ReplayMetrics | None
+    better_than_current: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "passed": self.passed,
+            "reason": self.reason,
+            "better_than_current": self.better_than_current,
+            "candidate": self.candidate.to_dict(),
+            "p2c": self.p2c.to_dict(),
+            "current": self.current.to_dict() if self.current is not None else None,
+        }
+
+
+def guard(
+    window: RequestTrace,
+    candidate: Plan,
+    current: Plan | None = None,
+    *,
+    profile: EngineProfile = DEFAULT_PROFILE,
+    settings: GuardSettings | None = None,
+    seed: int = 0,
+) -> GuardVerdict:
+    """Predict the candidate plan's KV hit and p99 TTFT on `window` and judge it (module docs).
+
+    The replay has one destination per destination of the candidate plan, with `profile`'s
+    timing and KV capacity.
+    """
+    s = settings or GuardSettings()
+    if len(window) == 0:
+        raise ValueError("guard window holds no request")
+    ids = tuple(d.id for d in candidate.destinations)
+    if not ids:
+        raise ValueError("candidate plan has no destinations")
+    cfg = SimConfig(destinations=len(ids), profile=profile, warmup_fraction=s.warmup_fraction,
+                    seed=seed, destination_ids=ids)
+    cand = summarize(simulate(window, Planned(candidate), cfg))
+    p2c = summarize(simulate(window, PowerOfTwo(), cfg))
+    cur = summarize(simulate(window, Planned(current), cfg)) if current is not None else None
+    limit = p2c.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
+    reasons = []
+    if cand.ttft_p99_s > s.slo_p99_ttft_s and cand.ttft_p99_s > p2c.ttft_p99_s:
+        reasons.append(f"p99 TTFT {cand.ttft_p99_s:.2f}s misses the SLO {s.slo_p99_ttft_s:.2f}s")
+    if cand.ttft_p99_s > limit:
+        reasons.append(f"p99 TTFT {cand.ttft_p99_s:.2f}s worse than p2c's {p2c.ttft_p99_s:.2f}s")
+    if cand.kv_hit < p2c.kv_hit + s.min_kv_hit_gain:
+        reasons.append(f"KV hit {cand.kv_hit:.1%} does not beat p2c's {p2c.kv_hit:.1%} by {s.min_kv_hit_gain:.1%}")
+    better = cur is None or cand.ttft_p99_s <= cur.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
+    passed = not reasons
+    reason = "; ".join(reasons) if reasons else (
+        f"predicted KV hit {cand.kv_hit:.1%} (p2c {p2c.kv_hit:.1%}), p99 TTFT {cand.ttft_p99_s:.2f}s "
+        f"(p2c {p2c.ttft_p99_s:.2f}s)"
+    )
+    return GuardVerdict(passed=passed, reason=reason, candidate=cand, p2c=p2c, current=cur,
+                        better_than_current=better)
+
+
+def guard_from_stats(
+    stats: KeyStats,
+    candidate: Plan,
+    current: Plan | None = None,
+    *,
+    duration_s: float = 300.0,
+    profile: EngineProfile = DEFAULT_PROFILE,
+    settings: GuardSettings | None = None,
+    seed: int = 0,
+) -> GuardVerdict:
+    """`guard` on `duration_s` of traffic synthesised from per-key statistics
+    (`window.window_from_stats`): what the operator can run from Prometheus data alone."""
+    window = window_from_stats(stats, duration_s=duration_s, seed=seed)
+    return guard(window, candidate, current, profile=profile, settings=settings, seed=seed)

@@ -1,0 +1,76 @@
+"""Policies by name, as the CLI and the benchmark select them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cacheroute.planner.sim.guard import GuardSettings
+from cacheroute.planner.sim.planned import CacheRoute, PlannerSettings
+from cacheroute.planner.sim.policies import (
+    BoundedConsistentHash,
+    LeastLoaded,
+    PowerOfTwo,
+    RandomChoice,
+    RoundRobin,
+    StickyHash,
+)
+from cacheroute.planner.sim.prefix_policies import GiePrefixScorer, Preble, PrefixTree
+from cacheroute.planner.sim.router import Policy
+
+PolicyFactory = Callable[[], Policy]
+
+# name -> (factory, what it is)
+POLICIES: dict[str, tuple[PolicyFactory, str]] = {
+    "round-robin": (RoundRobin, "Flat-LB: destinations in turn"),
+    "random": (RandomChoice, "uniform random"),
+    "least-loaded": (LeastLoaded, "fewest in-flight requests"),
+    "p2c": (PowerOfTwo, "power of two choices on in-flight requests"),
+    "sticky-hash": (StickyHash, "hash(affinity key) mod N"),
+    "chwbl": (BoundedConsistentHash, "KubeAI consistent hashing with bounded loads (256 replicas, 1.25)"),
+    "prefix-tree": (PrefixTree, "SGLang cache_aware approximate prefix tree"),
+    "gie-prefix": (GiePrefixScorer, "GIE EPP default scorers: prefix 3, queue 2, KV usage 2"),
+    "preble": (Preble, "Preble E2 exploit/explore on a global prefix index"),
+    "cacheroute": (CacheRoute, "planned prefix affinity, re-planned every control period"),
+    "cacheroute-guard": (
+        lambda: CacheRoute(guard=GuardSettings()),
+        "cacheroute, falling back to p2c for a period when the guard predicts no gain",
+    ),
+}
+ALIASES = {"flat-lb": "round-robin", "rr": "round-robin", "sglang": "prefix-tree", "gie": "gie-prefix",
+           "kubeai": "chwbl", "power-of-two": "p2c"}
+BASELINES = ("round-robin", "random", "least-loaded", "p2c", "sticky-hash", "chwbl", "prefix-tree",
+             "gie-prefix", "preble")
+CACHE_AWARE = ("prefix-tree", "gie-prefix", "preble")
+
+
+def policy_names(spec: str) -> list[str]:
+    """Parse a comma-separated policy list (`all` for every policy)."""
+    out: list[str] = []
+    for raw in spec.split(","):
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name == "all":
+            out.extend(n for n in POLICIES if n not in out)
+            continue
+        name = ALIASES.get(name, name)
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {raw.strip()!r}; known: {', '.join(POLICIES)}")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise ValueError("no policy given")
+    return out
+
+
+def make_policy(name: str, planner: PlannerSettings | None = None, guard: GuardSettings | None = None) -> Policy:
+    """A fresh policy instance (policies keep per-run state)."""
+    name = ALIASES.get(name, name)
+    if name in ("cacheroute", "cacheroute-guard"):
+        g = guard or (GuardSettings() if name == "cacheroute-guard" else None)
+        return CacheRoute(settings=planner, guard=g)
+    try:
+        factory = POLICIES[name][0]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return factory()

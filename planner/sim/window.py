@@ -1,0 +1,70 @@
+"""A replayable window built from per-key statistics: what the operator has to feed the guard.
+
+The operator sees Prometheus counters per key (rate, mean prompt, stable prefix, output), not
+request-level traces. `window_from_stats` turns them into a trace of the same traffic: Poisson
+arrivals per key at its rate; every request of a key shares the key's stable prefix blocks and
+carries unique blocks for the rest of its prompt; keyless traffic gets unique blocks only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cacheroute.planner.keystats import KeyStats
+from cacheroute.planner.trace import NO_KEY, RequestTrace
+
+DEFAULT_BLOCK_SIZE = 256
+
+
+def window_from_stats(
+    stats: KeyStats, *, duration_s: float, block_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0
+) -> RequestTrace:
+    """Requests over `duration_s` seconds with the rates and token sizes of `stats`."""
+    if not duration_s > 0:
+        raise ValueError("window duration must be positive")
+    if block_size < 1:
+        raise ValueError("block size must be positive")
+    rng = np.random.default_rng(seed)
+    n_keys = len(stats)
+    counts = rng.poisson(stats.rate * duration_s)
+    u = stats.unkeyed
+    n_unkeyed = int(rng.poisson(u.rate * duration_s))
+    key = np.concatenate([np.repeat(np.arange(n_keys, dtype=np.int64), counts),
+                          np.full(n_unkeyed, NO_KEY, dtype=np.int64)])
+    n = len(key)
+    if n == 0:
+        raise ValueError("the statistics describe no traffic over the window")
+    keyed = key != NO_KEY
+    kk = np.where(keyed, key, 0)
+    prompt = np.where(keyed, stats.prompt_tokens[kk], u.prompt_tokens)
+    prompt = np.maximum(np.rint(prompt), 1).astype(np.int64)
+    prefix = np.where(keyed, stats.prefix_tokens[kk], 0.0)
+    prefix = np.minimum(np.rint(prefix).astype(np.int64), prompt - 1)
+    output = np.where(keyed, stats.output_tokens[kk], u.output_tokens)
+    output = np.maximum(np.rint(output), 1).astype(np.int64)
+    arrival = rng.uniform(0.0, duration_s, n)
+    order = np.argsort(arrival, kind="stable")
+    key, prompt, prefix, output, arrival = key[order], prompt[order], prefix[order], output[order], arrival[order]
+
+    # Block ids: the key's shared prefix blocks by position, then ids unique to the request.
+    n_blocks = -(-prompt // block_size)
+    shared = np.where(key != NO_KEY, prefix // block_size, 0)
+    offs = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(n_blocks, out=offs[1:])
+    req = np.repeat(np.arange(n, dtype=np.int64), n_blocks)
+    pos = np.arange(int(offs[-1]), dtype=np.int64) - offs[req]
+    max_shared = int(shared.max()) + 1 if n else 1
+    unique_base = n_keys * max_shared
+    ids = np.where(pos < shared[req], np.maximum(key[req], 0) * max_shared + pos, unique_base + np.arange(len(pos)))
+    return RequestTrace(
+        arrival_s=arrival.astype(np.float64),
+        key=key,
+        input_tokens=prompt,
+        output_tokens=output,
+        block_offsets=offs,
+        block_ids=ids.astype(np.int64),
+        block_size=block_size,
+        key_names=stats.names,
+        name="stats-window",
+    )
+

@@ -1,0 +1,104 @@
+"""Capacity search and the operator's guard."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
+from cacheroute.planner.sim.capacity import find_capacity, replay_at
+from cacheroute.planner.sim.guard import GuardSettings, guard
+from cacheroute.planner.sim.policies import PowerOfTwo
+from cacheroute.planner.sim.simulator import SimConfig, destination_ids
+from cacheroute.planner.workloads import WorkloadSpec, generate
+
+
+@pytest.fixture(scope="module")
+def workload():
+    spec = WorkloadSpec(name="cap", keys=200, qps=10.0, duration_s=300.0, prefix_median_tokens=1500,
+                        prefix_sigma=0.5, prefix_max_tokens=4096, message_median_tokens=100,
+                        output_median_tokens=50, max_prompt_tokens=8192, block_size=128, seed=2)
+    return generate(spec).trace
+
+
+def test_capacity_is_the_edge_between_passing_and_failing_rates(workload) -> None:
+    cfg = SimConfig(destinations=2)
+    res = find_capacity(workload, PowerOfTwo, cfg, slo_p99_ttft_s=2.0, rel_tol=0.05)
+    assert res.qps > 0
+    passed = [p.qps for p in res.probes if p.passed]
+    failed = [p.qps for p in res.probes if not p.passed]
+    assert max(passed) == res.qps
+    assert min(failed) > res.qps
+    assert min(failed) / res.qps - 1 <= 0.05
+    assert res.best is not None and res.best.ttft_p99_s <= 2.0
+    # An independent replay just above the edge misses the SLO.
+    above = replay_at(workload, min(failed), PowerOfTwo(), cfg)
+    assert above.ttft_p99_s > 2.0
+
+
+def test_capacity_grows_with_destinations(workload) -> None:
+    two = find_capacity(workload, PowerOfTwo, SimConfig(destinations=2), slo_p99_ttft_s=2.0, rel_tol=0.05)
+    four = find_capacity(workload, PowerOfTwo, SimConfig(destinations=4), slo_p99_ttft_s=2.0, rel_tol=0.05)
+    assert two.qps > 0
+    assert four.qps > 1.5 * two.qps
+
+
+def _plan(routes: dict[str, list[int]], n: int):
+    ds = [Destination(id=d) for d in destination_ids(n)]
+    return plan_from_routes("pool", ds, {affinity_key_hash(k): [ds[d].id for d in v] for k, v in routes.items()})
+
+
+def test_guard_rejects_a_plan_that_piles_every_key_on_one_destination(workload) -> None:
+    # Bounded spill sends most of the pile elsewhere, so the plan buys no KV hit over p2c.
+    window = workload.time_scaled(2.0)
+    bad = _plan({k: [0] for k in window.key_names}, 4)
+    v = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
+    assert not v.passed
+    assert "does not beat p2c" in v.reason or "worse than p2c" in v.reason
+
+
+def test_guard_passes_a_plan_that_spreads_keys_with_affinity(workload) -> None:
+    good = _plan({k: [i % 4] for i, k in enumerate(workload.key_names)}, 4)
+    v = guard(workload, good, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
+    assert v.candidate.kv_hit > v.p2c.kv_hit
+    assert v.passed, v.reason
+    again = guard(workload, good, good, settings=GuardSettings(slo_p99_ttft_s=2.0))
+    assert again.better_than_current
+
+
+def test_a_window_built_from_key_statistics_has_their_traffic() -> None:
+    from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
+    from cacheroute.planner.sim.window import window_from_stats
+
+    stats = KeyStats(
+        names=("alice", "bob"), rate=np.array([2.0, 0.5]), prompt_tokens=np.array([3000.0, 1000.0]),
+        prefix_tokens=np.array([2000.0, 0.0]), output_tokens=np.array([100.0, 50.0]),
+        unkeyed=UnkeyedTraffic(rate=1.0, prompt_tokens=500, output_tokens=20),
+    )
+    tr = window_from_stats(stats, duration_s=400.0, block_size=256, seed=1)
+    names = [tr.key_names[k] if k >= 0 else None for k in tr.key.tolist()]
+    assert names.count("alice") / 400 == pytest.approx(2.0, rel=0.1)
+    assert names.count(None) / 400 == pytest.approx(1.0, rel=0.15)
+    alice = [i for i, k in enumerate(names) if k == "alice"]
+    bob = [i for i, k in enumerate(names) if k == "bob"]
+    # Alice's requests share her 2,000-token prefix (7 full blocks), nothing else; Bob shares nothing.
+    assert tr.blocks(alice[0])[:7].tolist() == tr.blocks(alice[1])[:7].tolist()
+    assert tr.blocks(alice[0])[7] != tr.blocks(alice[1])[7]
+    assert tr.blocks(bob[0])[0] != tr.blocks(bob[1])[0]
+    assert set(tr.input_tokens[alice].tolist()) == {3000}
+
+
+def test_guard_from_statistics_prefers_affinity_for_a_reusable_key() -> None:
+    from cacheroute.planner.keystats import KeyStats
+    from cacheroute.planner.sim.guard import guard_from_stats
+
+    # 200 keys x 5,500 prefix tokens: far more than one destination's KV, a quarter fits on each.
+    names = tuple(f"tenant-{i}" for i in range(200))
+    ones = np.ones(200)
+    stats = KeyStats(names=names, rate=0.05 * ones, prompt_tokens=6000 * ones, prefix_tokens=5500 * ones,
+                     output_tokens=50 * ones)
+    good = _plan({k: [i % 4] for i, k in enumerate(names)}, 4)
+    v = guard_from_stats(stats, good, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5))
+    assert v.candidate.kv_hit > v.p2c.kv_hit + 0.2
+    assert v.candidate.ttft_p99_s < v.p2c.ttft_p99_s
+    assert v.passed, v.reason

@@ -1,0 +1,82 @@
+"""`cacheroute replay`: tables, JSON and plots from a trace or a generated workload."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cacheroute.operator.cli_replay import register
+
+TRACES = Path(os.environ.get("CACHEROUTE_TRACES_DIR", Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"))
+ARXIV = TRACES / "mooncake_arxiv_trace_first1000.jsonl"
+runner = CliRunner()
+
+
+def make_app() -> typer.Typer:
+    app = typer.Typer(pretty_exceptions_enable=False)
+
+    @app.callback()
+    def main() -> None:
+        """Test entry point."""
+
+    register(app)
+    return app
+
+
+@pytest.mark.skipif(not ARXIV.is_file(), reason="shared traces absent")
+def test_replay_of_a_trace_writes_figures_json_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = runner.invoke(make_app(), [
+        "replay", "--trace", str(ARXIV), "--key", "thread", "--destinations", "8",
+        "--policies", "p2c,prefix-tree,cacheroute", "--qps", "1,2", "--duration", "120", "--out", str(out),
+    ])
+    assert res.exit_code == 0, res.output
+    assert "prefix-tree" in res.output and "KV hit" in res.output
+    report = json.loads((out / "replay.json").read_text())
+    assert report["input"]["key"] == "thread"
+    assert [(r["policy"], r["qps"]) for r in report["results"]] == [
+        ("p2c", 1.0), ("p2c", 2.0), ("prefix-tree", 1.0), ("prefix-tree", 2.0),
+        ("cacheroute", 1.0), ("cacheroute", 2.0),
+    ]
+    for r in report["results"]:
+        assert 0.0 <= r["metrics"]["kv_hit"] <= 1.0
+        assert r["metrics"]["measured"] > 0
+    for png in ("ttft_p99_vs_qps.png", "kv_hit.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_capacity_search_on_a_generated_workload(tmp_path: Path) -> None:
+    res = runner.invoke(make_app(), [
+        "replay", "--workload", "low-reuse", "--duration", "30", "--destinations", "4", "--policies", "p2c",
+        "--capacity", "--slo-p99-ttft", "3", "--out", str(tmp_path),
+    ])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "replay.json").read_text())
+    cap = report["results"][0]
+    assert cap["policy"] == "p2c" and cap["capacity_qps"] > 0
+    assert any(p["passed"] for p in cap["probes"]) and any(not p["passed"] for p in cap["probes"])
+    assert report["workload_stats"]["requests"] > 100
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policies", "p2c"], "exactly one of --workload and --trace"),
+        (["--workload", "nope"], "unknown workload"),
+        (["--workload", "low-reuse", "--policies", "magic"], "unknown policy 'magic'"),
+        (["--workload", "low-reuse", "--qps", "1,x"], "--qps must be numbers"),
+        (["--workload", "low-reuse", "--qps", "3", "--capacity"], "not both"),
+        (["--trace", "/nonexistent/trace.jsonl"], "cannot read --trace"),
+        (["--workload", "low-reuse", "--profile", "tpu"], "unknown engine profile"),
+    ],
+)
+def test_bad_input_is_reported_without_a_traceback(args: list[str], message: str) -> None:
+    res = runner.invoke(make_app(), ["replay", *args])
+    assert res.exit_code == 2
+    assert message in res.output
+    assert "Traceback" not in res.output

@@ -1,0 +1,191 @@
+"""Each routing policy's defining behaviour, on crafted requests and router states."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from cacheroute.planner.plan import Destination, plan_from_routes
+from cacheroute.planner.sim.engine import Engine, RequestTable
+from cacheroute.planner.sim.planned import CacheRoute, Planned, PlannerSettings
+from cacheroute.planner.sim.policies import BoundedConsistentHash, PowerOfTwo, StickyHash
+from cacheroute.planner.sim.prefix_policies import GiePrefixScorer, Preble, PrefixTree
+from cacheroute.planner.sim.profile import DEFAULT_PROFILE
+from cacheroute.planner.sim.router import Policy, RouterView
+from cacheroute.planner.sim.simulator import SimConfig, destination_ids, simulate
+from cacheroute.planner.trace import RequestTrace
+
+
+def bind(policy: Policy, trace: RequestTrace, n: int, seed: int = 0) -> RouterView:
+    """The policy bound to a router view over idle destinations (in-flight counts settable)."""
+    req = RequestTable(trace.arrival_s.tolist(), trace.input_tokens.tolist(), trace.output_tokens.tolist())
+    offs = trace.block_offsets.tolist()
+
+    def blocks(i: int) -> list[int]:
+        out: list[int] = trace.block_ids[offs[i] : offs[i + 1]].tolist()
+        return out
+
+    engines = [Engine(d, DEFAULT_PROFILE, trace.block_size, req, blocks) for d in range(n)]
+    view = RouterView(trace, engines, req, destination_ids=destination_ids(n), profile=DEFAULT_PROFILE,
+                      get_blocks=blocks)
+    policy.bind(view, seed)
+    return view
+
+
+def set_load(view: RouterView, loads: list[int]) -> None:
+    view.inflight[:] = loads
+    view.total_inflight = sum(loads)
+
+
+def test_sticky_hash_sends_each_key_to_one_destination(make_trace) -> None:
+    reqs = [(i * 0.5, f"k{i % 5}", 40, 4, [1000 * i + j for j in range(10)]) for i in range(50)]
+    r = simulate(make_trace(reqs), StickyHash(), SimConfig(destinations=8))
+    by_key: dict[int, set[int]] = {}
+    for k, d in zip(np.arange(50) % 5, r.dest.tolist(), strict=True):
+        by_key.setdefault(int(k), set()).add(d)
+    assert all(len(ds) == 1 for ds in by_key.values())
+    assert len({next(iter(ds)) for ds in by_key.values()}) > 1
+
+
+def test_p2c_never_picks_the_busiest_and_always_the_idlest_when_drawn(make_trace) -> None:
+    trace = make_trace([(0.0, "a", 4, 1, [1])])
+    pol = PowerOfTwo()
+    view = bind(pol, trace, 4, seed=1)
+    set_load(view, [0, 10, 20, 30])
+    picks = Counter(pol.route(0, 0.0) for _ in range(3000))
+    assert picks[3] == 0
+    # Destination 0 is in half of the six pairs and wins all of them.
+    assert picks[0] / 3000 == pytest.approx(0.5, abs=0.05)
+    assert picks[1] / 3000 == pytest.approx(1 / 3, abs=0.05)
+
+
+def test_chwbl_keeps_a_key_in_place_until_its_destination_is_overloaded(make_trace) -> None:
+    trace = make_trace([(0.0, "tenant-42", 4, 1, [1])])
+    pol = BoundedConsistentHash()
+    view = bind(pol, trace, 8)
+    home = pol.route(0, 0.0)
+    set_load(view, [10] * 8)
+    assert pol.route(0, 0.0) == home  # balanced load: stays on its ring position
+    loads = [10] * 8
+    loads[home] = 40  # in_flight + 1 > (total + 1) / n * 1.25
+    set_load(view, loads)
+    moved = pol.route(0, 0.0)
+    assert moved != home
+    # The next destination clockwise, deterministically.
+    assert pol.route(0, 0.0) == moved
+    # Light load: (total + 1) / n * 1.25 < 1, so no destination passes the bound and KubeAI takes
+    # the first destination of the walk, the key's home.
+    loads = [0] * 8
+    loads[(home + 1) % 8] = 1
+    set_load(view, loads)
+    assert pol.route(0, 0.0) == home
+
+
+def test_prefix_tree_follows_the_longest_match_until_load_is_imbalanced(make_trace) -> None:
+    trace = make_trace([
+        (0.0, None, 16, 1, [1, 2, 3, 4]),
+        (1.0, None, 16, 1, [1, 2, 3, 5]),  # shares 3 of 4 blocks with request 0
+        (2.0, None, 16, 1, [7, 8, 9, 10]),  # shares nothing
+        (3.0, None, 16, 1, [1, 2, 3, 6]),
+    ])
+    pol = PrefixTree()
+    view = bind(pol, trace, 4)
+    set_load(view, [3, 0, 2, 5])
+    first = pol.route(0, 0.0)
+    assert first == 1  # no match: least loaded
+    set_load(view, [3, 9, 2, 5])
+    assert pol.route(1, 1.0) == first  # match 75 % > 30 %: the worker holding it, despite load
+    assert pol.route(2, 2.0) == 2  # no match: least loaded
+    set_load(view, [100, 170, 100, 100])  # max - min > 64 and max > 1.5 min: imbalanced
+    assert pol.route(3, 3.0) == 0  # shortest queue, match ignored
+
+
+def test_gie_scorer_prefers_the_pod_with_the_prefix_unless_it_is_saturated(make_trace) -> None:
+    trace = make_trace([
+        (0.0, None, 16, 1, [1, 2, 3, 4]),
+        (1.0, None, 16, 1, [1, 2, 3, 4]),
+        (2.0, None, 16, 1, [1, 2, 3, 4]),
+    ])
+    pol = GiePrefixScorer()
+    view = bind(pol, trace, 3, seed=5)
+    home = pol.route(0, 0.0)
+    assert pol.route(1, 1.0) == home  # prefix 3 + queue 2 + kv 2 beats 0 + 2 + 2
+    cache = view.engines[home].cache
+    cache.pinned_tokens = cache.capacity_tokens  # KV full: kv score 0
+    view.engines[home].waiting.extend([7, 8, 9])  # longest queue: queue score 0
+    assert pol.route(2, 2.0) != home
+
+
+def test_preble_exploits_long_matches_and_explores_by_load(make_trace) -> None:
+    trace = make_trace([
+        (0.0, None, 32, 1, [1, 2, 3, 4, 5, 6, 7, 8]),
+        (1.0, None, 36, 1, [1, 2, 3, 4, 5, 6, 7, 8, 9]),  # 8 of 9 blocks seen: exploit
+        (2.0, None, 32, 1, [20, 21, 22, 23, 24, 25, 26, 27]),  # new prompt: explore
+    ])
+    pol = Preble()
+    view = bind(pol, trace, 4)
+    first = pol.route(0, 0.0)
+    set_load(view, [1, 1, 1, 1])
+    assert pol.route(1, 1.0) == first
+    loads = [0, 0, 0, 0]
+    loads[first] = 50
+    set_load(view, loads)
+    assert pol.route(2, 2.0) != first
+
+
+def _plan_to(dest: int, key: str, n: int):
+    from cacheroute.planner.plan import affinity_key_hash
+
+    ds = [Destination(id=d) for d in destination_ids(n)]
+    return plan_from_routes("pool", ds, {affinity_key_hash(key): [ds[dest].id]}, spill_threshold=1.5)
+
+
+def test_planned_keys_follow_the_plan_and_spill_when_overloaded(make_trace) -> None:
+    trace = make_trace([(0.0, "hot", 16, 1, [1, 2, 3, 4]), (0.0, "cold", 16, 1, [5, 6, 7, 8])])
+    pol = Planned(_plan_to(3, "hot", 6), spill_slack=2.0)
+    view = bind(pol, trace, 6)
+    set_load(view, [4, 4, 4, 6, 4, 4])
+    assert all(pol.route(0, 0.0) == 3 for _ in range(50))
+    # 14 > 1.5 x mean(~5.7) + 2: spill to p2c among the others.
+    set_load(view, [4, 4, 4, 14, 4, 4])
+    spilled = {pol.route(0, 0.0) for _ in range(50)}
+    assert 3 not in spilled
+    assert pol.spilled_requests == 50
+    set_load(view, [0, 0, 0, 0, 0, 0])
+    cold = {pol.route(1, 0.0) for _ in range(100)}
+    assert len(cold) > 1  # unplanned: p2c
+
+
+def test_cacheroute_plans_from_the_past_only(make_trace) -> None:
+    # Key a is busy from the start; key b only appears after the first re-plan at t = 60.
+    reqs = [(float(t), "a", 64, 4, [1, 2, 3, 4, 100 + t]) for t in range(0, 180, 2)]
+    reqs += [(float(t) + 0.5, "b", 64, 4, [50, 51, 52, 53, 500 + t]) for t in range(70, 180, 2)]
+    reqs.sort(key=lambda r: r[0])
+    trace = make_trace(reqs, block_size=16)
+    pol = CacheRoute(PlannerSettings(control_period_s=60.0, window_s=60.0))
+    view = bind(pol, trace, 4)
+    k_a, k_b = view.key[0], next(view.key[i] for i, r in enumerate(reqs) if r[1] == "b")
+    seen: dict[float, tuple[bool, bool]] = {}
+    for i, r in enumerate(reqs):
+        pol.route(i, r[0])
+        seen[r[0]] = (k_a in pol._routes, k_b in pol._routes)
+    assert seen[0.0] == (False, False)  # no plan before the first control period ends
+    assert seen[60.0] == (True, False)  # planned at 60 from [0, 60): b has not arrived yet
+    assert seen[120.0] == (True, True)  # the next plan sees b's requests of [60, 120)
+    assert pol.replans >= 2
+
+
+def test_a_key_with_several_destinations_goes_to_the_least_loaded_one(make_trace) -> None:
+    from cacheroute.planner.plan import affinity_key_hash
+
+    ds = [Destination(id=d) for d in destination_ids(6)]
+    plan = plan_from_routes("pool", ds, {affinity_key_hash("hot"): [ds[1].id, ds[4].id]})
+    trace = make_trace([(0.0, "hot", 16, 1, [1, 2, 3, 4])])
+    pol = Planned(plan)
+    view = bind(pol, trace, 6)
+    set_load(view, [3, 5, 3, 3, 2, 3])
+    assert pol.route(0, 0.0) == 4
+    set_load(view, [3, 1, 3, 3, 2, 3])
+    assert pol.route(0, 0.0) == 1
