@@ -609,7 +609,9 @@ class _Starter:
             "--event-ttl=1h",
         ]
 
-    def _controller_manager_argv(self, binary: Path, pki: _Pki, kubeconfig: Path, port: int) -> list[str]:
+    @staticmethod
+    def _component_argv(binary: Path, kubeconfig: Path, port: int, serving: tuple[Path, Path]) -> list[str]:
+        """Flags every control-plane component shares: its identity, and a loopback serving port."""
         return [
             str(binary),
             f"--kubeconfig={kubeconfig}",
@@ -617,8 +619,15 @@ class _Starter:
             f"--authorization-kubeconfig={kubeconfig}",
             "--bind-address=127.0.0.1",
             f"--secure-port={port}",
-            f"--tls-cert-file={pki.controller_manager_serving[0]}",
-            f"--tls-private-key-file={pki.controller_manager_serving[1]}",
+            f"--tls-cert-file={serving[0]}",
+            f"--tls-private-key-file={serving[1]}",
+            "--leader-elect=false",
+            "--profiling=false",
+        ]
+
+    def _controller_manager_argv(self, binary: Path, pki: _Pki, kubeconfig: Path, port: int) -> list[str]:
+        return [
+            *self._component_argv(binary, kubeconfig, port, pki.controller_manager_serving),
             f"--root-ca-file={pki.ca}",
             f"--service-account-private-key-file={pki.sa_key}",
             f"--cluster-signing-cert-file={pki.ca}",
@@ -628,23 +637,10 @@ class _Starter:
             "--use-service-account-credentials=false",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--cluster-name=cacheroute-sandbox",
-            "--leader-elect=false",
-            "--profiling=false",
         ]
 
     def _scheduler_argv(self, binary: Path, pki: _Pki, kubeconfig: Path, port: int) -> list[str]:
-        return [
-            str(binary),
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            f"--tls-cert-file={pki.scheduler_serving[0]}",
-            f"--tls-private-key-file={pki.scheduler_serving[1]}",
-            "--leader-elect=false",
-            "--profiling=false",
-        ]
+        return self._component_argv(binary, kubeconfig, port, pki.scheduler_serving)
 
     def _start_prometheus(self, binary: Path, port: int) -> ServerProcess:
         self.report("starting prometheus")

@@ -147,9 +147,9 @@ def simulate(
     first = req.first
     aborted = False
 
-    for i in range(n):
-        t = arrival[i]
-        while heap and heap[0][0] <= t:
+    def advance(until: float) -> None:
+        """Complete every engine step that ends by `until`, in time order."""
+        while heap and heap[0][0] <= until:
             tt, e, ver = heappop(heap)
             eng = engines[e]
             if ver != eng.version:
@@ -165,6 +165,10 @@ def simulate(
                     for r in finished:
                         on_finish(r, e, tt)
                 finished.clear()
+
+    for i in range(n):
+        t = arrival[i]
+        advance(t)
         d = route(i, t)
         dest[i] = d
         inflight[d] += 1
@@ -189,22 +193,7 @@ def simulate(
                     break
 
     if not aborted:
-        while heap:
-            tt, e, ver = heappop(heap)
-            eng = engines[e]
-            if ver != eng.version:
-                continue
-            eng.step_done(finished)
-            if eng.mode != IDLE:
-                heappush(heap, (eng.t_end, e, eng.version))
-            if finished:
-                k = len(finished)
-                inflight[e] -= k
-                view.total_inflight -= k
-                if on_finish is not None:
-                    for r in finished:
-                        on_finish(r, e, tt)
-                finished.clear()
+        advance(math.inf)
     if progress is not None:
         progress(n, n)
 
