@@ -44,7 +44,7 @@ bench: $(STAMP) sandbox-deps
 ## Shadow replay of the paper's workload on 30 simulated H100 destinations: table, JSON and plots in demo/.
 demo: $(STAMP)
 	$(VENV)/bin/cacheroute replay --workload cacheroute-paper --duration 900 --destinations 30 \
-	    --policies p2c,prefix-tree,gie-prefix,preble,cacheroute --qps 40,55,70 --out demo
+	    --policies p2c,prefix-tree,gie-prefix,preble,cacheroute --qps 120,170,200 --out demo
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info bench-results demo .mypy_cache .ruff_cache .pytest_cache

@@ -3,8 +3,13 @@
 The routing rule is the router's (router/picker.py): a planned key goes to the least-loaded of
 its destinations (ties: the first at or after `key_hash % len`); when that destination's load
 exceeds `spill_threshold x mean load + spill_slack` the request spills to power-of-two choices
-among the other destinations; unplanned keys and keyless requests go p2c. Load is the router's
-in-flight count plus the queue depth the destination reports.
+among the other destinations. Unplanned keys go to key-seeded p2c by default (`unplanned`): the
+two candidates come from the key's hash on a consistent-hash ring of the destinations
+(`keyring.KeyRing`) instead of being drawn at random, so the follow-up turns of a conversation
+whose key is not (yet) planned find their history on one of two destinations, while the tail of
+small keys still balances like p2c; `unplanned="p2c"` draws them at random, as
+the report does. Keyless requests always go p2c. Load is the router's in-flight count plus the
+queue depth the destination reports.
 
 `cacheroute` re-plans every `control_period_s` (60 s) from the statistics of the requests that
 arrived in the previous `window_s` (30 min) only (`keystats.key_stats_from_trace` over the past, never the
@@ -22,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cacheroute.planner.errors import PlanInputError
+from cacheroute.planner.keyring import KeyRing
 from cacheroute.planner.keystats import key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan
@@ -35,6 +41,8 @@ DEFAULT_CONTROL_PERIOD_S = 60.0
 # spec.metricsWindow, 30 min), so keys of a few requests per window are seen more than once.
 DEFAULT_WINDOW_S = 1800.0
 DEFAULT_SPILL_SLACK = 2.0
+UNPLANNED_MODES = ("key-p2c", "p2c")
+DEFAULT_UNPLANNED = "key-p2c"
 
 
 class Planned(Policy):
@@ -42,14 +50,18 @@ class Planned(Policy):
 
     name: ClassVar[str] = "planned"
 
-    def __init__(self, plan: Plan | None = None, spill_slack: float = DEFAULT_SPILL_SLACK) -> None:
+    def __init__(self, plan: Plan | None = None, spill_slack: float = DEFAULT_SPILL_SLACK,
+                 unplanned: str = DEFAULT_UNPLANNED) -> None:
         if spill_slack < 0:
             raise ValueError("spill slack must not be negative")
+        if unplanned not in UNPLANNED_MODES:
+            raise ValueError(f"unplanned must be one of {', '.join(UNPLANNED_MODES)}, got {unplanned!r}")
         self.fixed_plan = plan
         self.spill_slack = spill_slack
+        self.unplanned = unplanned
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "spill_slack": self.spill_slack,
+        return {"name": self.name, "spill_slack": self.spill_slack, "unplanned": self.unplanned,
                 "routes": len(self.fixed_plan) if self.fixed_plan is not None else 0}
 
     def bind(self, view: RouterView, seed: int) -> None:
@@ -60,6 +72,9 @@ class Planned(Policy):
         self._spill_threshold = 1.5
         self.planned_requests = 0
         self.spilled_requests = 0
+        self._key_seeded = self.unplanned == "key-p2c"
+        self._ring = KeyRing(view.destination_ids)
+        self._pairs: dict[int, tuple[int, int]] = {}
         self.install(self.fixed_plan)
 
     def install(self, plan: Plan | None, keys: npt.NDArray[np.int64] | None = None) -> None:
@@ -121,6 +136,19 @@ class Planned(Policy):
         lb = inflight[b] + len(engines[b].waiting)
         return b if lb < la else a
 
+    def _key_p2c(self, k: int) -> int:
+        """The less loaded of the key's two ring candidates (the router's rule); the first on a tie."""
+        view = self.view
+        pair = self._pairs.get(k)
+        if pair is None:
+            pair = self._pairs[k] = self._ring.pair(self._hash_list[k])
+        a, b = pair
+        engines = view.engines
+        inflight = view.inflight
+        la = inflight[a] + len(engines[a].waiting)
+        lb = inflight[b] + len(engines[b].waiting)
+        return b if lb < la else a
+
     def route(self, i: int, now: float) -> int:
         view = self.view
         k = view.key[i]
@@ -128,7 +156,7 @@ class Planned(Policy):
             return self._p2c(-1)
         group = self._routes.get(k)
         if group is None:
-            return self._p2c(-1)
+            return self._key_p2c(k) if self._key_seeded else self._p2c(-1)
         engines = view.engines
         inflight = view.inflight
         if len(group) == 1:
@@ -162,12 +190,15 @@ class PlannerSettings:
     stability: Stability = field(default_factory=Stability)
     cost: CostModel = field(default_factory=CostModel)
     spill_threshold: float = 1.5
+    unplanned: str = DEFAULT_UNPLANNED  # how the router sends keys outside the plan
 
     def __post_init__(self) -> None:
         if not self.control_period_s > 0:
             raise ValueError("control period must be positive")
         if not self.window_s > 0:
             raise ValueError("statistics window must be positive")
+        if self.unplanned not in UNPLANNED_MODES:
+            raise ValueError(f"unplanned must be one of {', '.join(UNPLANNED_MODES)}, got {self.unplanned!r}")
 
 
 class CacheRoute(Planned):
@@ -175,8 +206,8 @@ class CacheRoute(Planned):
 
     def __init__(self, settings: PlannerSettings | None = None, spill_slack: float = DEFAULT_SPILL_SLACK,
                  guard: object | None = None) -> None:
-        super().__init__(None, spill_slack)
         self.settings = settings or PlannerSettings()
+        super().__init__(None, spill_slack, self.settings.unplanned)
         # A `guard.GuardSettings`; typed loosely to keep the import one-way (guard imports us).
         self.guard_settings = guard
         self.replans = 0
@@ -190,6 +221,7 @@ class CacheRoute(Planned):
             "window_s": s.window_s,
             "spill_threshold": s.spill_threshold,
             "spill_slack": self.spill_slack,
+            "unplanned": self.unplanned,
             "warm_budget": s.budget.warm_tokens_per_destination,
             "guard": self.guard_settings is not None,
         }
@@ -255,7 +287,10 @@ class CacheRoute(Planned):
                 else None
             )
             if verdict is not None and not verdict.passed:
+                # The guard compared the plan against plain p2c: that is what runs this period.
                 self.guard_rejections += 1
                 self.install(None)
+                self._key_seeded = False
                 return
+        self._key_seeded = self.unplanned == "key-p2c"
         self.install(candidate, keys)

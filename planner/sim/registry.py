@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from cacheroute.planner.sim.guard import GuardSettings
 from cacheroute.planner.sim.planned import CacheRoute, PlannerSettings
@@ -31,6 +32,10 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
     "gie-prefix": (GiePrefixScorer, "GIE EPP default scorers: prefix 3, queue 2, KV usage 2"),
     "preble": (Preble, "Preble E2 exploit/explore on a global prefix index"),
     "cacheroute": (CacheRoute, "planned prefix affinity, re-planned every control period"),
+    "cacheroute-p2c": (
+        lambda: CacheRoute(PlannerSettings(unplanned="p2c")),
+        "cacheroute with unplanned keys on random p2c, as the report routes them",
+    ),
     "cacheroute-guard": (
         lambda: CacheRoute(guard=GuardSettings()),
         "cacheroute, falling back to p2c for a period when the guard predicts no gain",
@@ -41,6 +46,12 @@ ALIASES = {"flat-lb": "round-robin", "rr": "round-robin", "sglang": "prefix-tree
 BASELINES = ("round-robin", "random", "least-loaded", "p2c", "sticky-hash", "chwbl", "prefix-tree",
              "gie-prefix", "preble")
 CACHE_AWARE = ("prefix-tree", "gie-prefix", "preble")
+# CacheRoute policies: (guarded, how unplanned keys are routed when not the settings' own).
+_CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None]] = {
+    "cacheroute": (False, None),
+    "cacheroute-guard": (True, None),
+    "cacheroute-p2c": (False, "p2c"),
+}
 
 
 def policy_names(spec: str) -> list[str]:
@@ -66,9 +77,12 @@ def policy_names(spec: str) -> list[str]:
 def make_policy(name: str, planner: PlannerSettings | None = None, guard: GuardSettings | None = None) -> Policy:
     """A fresh policy instance (policies keep per-run state)."""
     name = ALIASES.get(name, name)
-    if name in ("cacheroute", "cacheroute-guard"):
-        g = guard or (GuardSettings() if name == "cacheroute-guard" else None)
-        return CacheRoute(settings=planner, guard=g)
+    if name in _CACHEROUTE_VARIANTS:
+        guarded, unplanned = _CACHEROUTE_VARIANTS[name]
+        settings = planner or PlannerSettings()
+        if unplanned is not None:
+            settings = replace(settings, unplanned=unplanned)
+        return CacheRoute(settings=settings, guard=guard or (GuardSettings() if guarded else None))
     try:
         factory = POLICIES[name][0]
     except KeyError:

@@ -144,7 +144,7 @@ def _plan_to(dest: int, key: str, n: int):
 
 def test_planned_keys_follow_the_plan_and_spill_when_overloaded(make_trace) -> None:
     trace = make_trace([(0.0, "hot", 16, 1, [1, 2, 3, 4]), (0.0, "cold", 16, 1, [5, 6, 7, 8])])
-    pol = Planned(_plan_to(3, "hot", 6), spill_slack=2.0)
+    pol = Planned(_plan_to(3, "hot", 6), spill_slack=2.0, unplanned="p2c")
     view = bind(pol, trace, 6)
     set_load(view, [4, 4, 4, 6, 4, 4])
     assert all(pol.route(0, 0.0) == 3 for _ in range(50))
@@ -156,6 +156,25 @@ def test_planned_keys_follow_the_plan_and_spill_when_overloaded(make_trace) -> N
     set_load(view, [0, 0, 0, 0, 0, 0])
     cold = {pol.route(1, 0.0) for _ in range(100)}
     assert len(cold) > 1  # unplanned: p2c
+
+
+def test_unplanned_keys_stay_on_their_two_hash_candidates(make_trace) -> None:
+    from cacheroute.planner.keyring import KeyRing
+    from cacheroute.planner.plan import affinity_key_hash
+
+    trace = make_trace([(0.0, "hot", 16, 1, [1, 2, 3, 4]), (0.0, "cold", 16, 1, [5, 6, 7, 8])])
+    pol = Planned(_plan_to(3, "hot", 6))
+    view = bind(pol, trace, 6)
+    a, b = KeyRing(destination_ids(6)).pair(affinity_key_hash("cold"))
+    assert a != b
+    set_load(view, [2] * 6)
+    assert {pol.route(1, 0.0) for _ in range(50)} == {a}  # a tie keeps the first candidate
+    loads = [0] * 6
+    loads[a] = 5
+    loads[b] = 3
+    set_load(view, loads)  # others idle, yet only the key's two candidates are compared
+    assert {pol.route(1, 0.0) for _ in range(50)} == {b}
+    assert pol.planned_requests == 0
 
 
 def test_cacheroute_plans_from_the_past_only(make_trace) -> None:
