@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from cacheroute.router import eventloop
 from cacheroute.router.settings import (
     BODY_MODES,
     DEFAULT_GRPC_PORT,
@@ -120,6 +120,13 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             "which accepts a single address only.",
         ),
     ] = 0,
+    unplanned: Annotated[
+        str,
+        typer.Option(
+            envvar=_env("UNPLANNED"),
+            help="Keys outside the plan: key-p2c (the less loaded of two endpoints derived from the key) or p2c.",
+        ),
+    ] = "key-p2c",
     scrape_interval: Annotated[
         float, typer.Option(envvar=_env("SCRAPE_INTERVAL"), help="Seconds between /metrics scrapes; 0 turns off.")
     ] = 0.5,
@@ -141,6 +148,14 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         bool,
         typer.Option(envvar=_env("EXPORT_KEY_NAMES"), help="Label key metrics with clear keys instead of hashes."),
     ] = False,
+    event_loop: Annotated[
+        str,
+        typer.Option(
+            envvar=_env("EVENT_LOOP"),
+            help="auto (uvloop when installed, else asyncio's own), asyncio or uvloop: uvloop costs less CPU "
+            "per request.",
+        ),
+    ] = "auto",
     log_level: Annotated[str, typer.Option(envvar=_env("LOG_LEVEL"), help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Serve Envoy ext_proc (endpoint-picker protocol), gRPC health and Prometheus metrics."""
@@ -166,14 +181,17 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             spill_threshold=spill_threshold,
             spill_slack=spill_slack,
             fallbacks=fallbacks,
+            unplanned=unplanned,
             scrape_interval=scrape_interval,
             scrape_timeout=scrape_timeout,
             max_body_bytes=max_body_bytes,
             sketch_size=sketch_size,
             export_key_names=export_key_names,
             default_body_mode=body_mode,
+            event_loop=event_loop,
         )
-    except SettingsError as exc:
+        eventloop.resolve(settings.event_loop)
+    except (SettingsError, eventloop.EventLoopError) as exc:
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     if plan_dir is not None and not plan_dir.is_dir():
@@ -183,7 +201,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     from cacheroute.router.server import Router
 
     try:
-        asyncio.run(Router(settings).serve_forever())
+        eventloop.run(Router(settings).serve_forever(), settings.event_loop)
     except OSError as exc:
         err.print(f"[red]router failed: {exc}[/]")
         raise typer.Exit(1) from None

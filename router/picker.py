@@ -5,7 +5,12 @@
   picks the same one.
 - Bounded affinity: when that destination's load exceeds `spill_threshold x mean + slack` (mean
   over ready endpoints), the request spills to power-of-two-choices among the other endpoints.
-- Everything else (no key, unplanned key, planned destinations all unready) goes to p2c.
+- An unplanned key goes to key-seeded p2c (`unplanned="key-p2c"`, the default): the less loaded
+  of two candidates derived from the key's hash on a consistent-hash ring of all endpoints
+  (`cacheroute.planner.keyring`), so the next turns of a conversation whose key is not planned
+  find its prefix on one of two endpoints; a candidate that is not ready is skipped, and with
+  neither ready the request goes to plain p2c. `unplanned="p2c"` draws both at random.
+- Everything else (no key, planned destinations all unready) goes to p2c.
 
 Load is the router's own in-flight count for the endpoint plus the queue depth the endpoint
 reports on /metrics: the first reacts within a request, the second sees other router replicas.
@@ -17,6 +22,7 @@ import random
 from collections.abc import Collection
 from typing import NamedTuple
 
+from cacheroute.planner.keyring import KeyRing
 from cacheroute.planner.plan import KeyExtraction
 from cacheroute.router.endpoints import Endpoint, EndpointPool
 from cacheroute.router.settings import KeyOverrides
@@ -27,6 +33,7 @@ SPILLED = "spilled"
 P2C = "p2c"
 NONE = "none"
 OUTCOMES = (PLANNED, SPILLED, P2C, NONE)
+UNPLANNED_MODES = ("key-p2c", "p2c")
 
 
 class Decision(NamedTuple):
@@ -45,6 +52,9 @@ class _View(NamedTuple):
     key_extraction: KeyExtraction
     # Request headers worth reading: the key and session headers, and the body size.
     headers: frozenset[str]
+    # Key-seeded p2c: the ring over every known endpoint, and the endpoint of each ring member.
+    ring: KeyRing | None
+    ring_endpoints: tuple[Endpoint, ...]
 
 
 class Picker:
@@ -57,8 +67,12 @@ class Picker:
         fallbacks: int = 0,
         keys: KeyOverrides | None = None,
         seed: int | None = None,
+        unplanned: str = "key-p2c",
     ) -> None:
+        if unplanned not in UNPLANNED_MODES:
+            raise ValueError(f"unplanned must be one of {', '.join(UNPLANNED_MODES)}, got {unplanned!r}")
         self.pool = pool
+        self._key_seeded = unplanned == "key-p2c"
         self._threshold_override = spill_threshold
         self._slack = spill_slack
         self._fallbacks = fallbacks
@@ -73,7 +87,19 @@ class Picker:
         threshold = self._threshold_override if self._threshold_override is not None else table.spill_threshold
         extraction = self._keys.apply(table.key_extraction)
         headers = frozenset(h for h in (extraction.header, extraction.session_header, "content-length") if h)
-        return _View(table, resolve_groups(table, self.pool), threshold, extraction, headers)
+        ring, ring_endpoints = self._make_ring() if self._key_seeded else (None, ())
+        return _View(table, resolve_groups(table, self.pool), threshold, extraction, headers, ring, ring_endpoints)
+
+    def _make_ring(self) -> tuple[KeyRing | None, tuple[Endpoint, ...]]:
+        # Members are named by destination id where known (what every replica agrees on), else by
+        # address; readiness is checked per decision, so a flapping endpoint does not move keys.
+        endpoints = tuple(self.pool.by_address.values())
+        if not endpoints:
+            return None, ()
+        names = [e.destination or e.address for e in endpoints]
+        if len(set(names)) != len(names):
+            names = [e.address for e in endpoints]
+        return KeyRing(names), endpoints
 
     def install(self, table: RoutingTable) -> None:
         """Follow a new plan; the pool must already know its destinations."""
@@ -128,8 +154,26 @@ class Picker:
                         return self._with_fallbacks(PLANNED, best, planned, ready)
                     exclude = best
                 outcome = SPILLED
+            elif view.ring is not None:
+                return self._with_fallbacks(P2C, self._key_p2c(view, key_hash, ready, allowed), planned, ready)
         choice = self._p2c(ready, exclude)
         return self._with_fallbacks(outcome, choice, planned, ready)
+
+    def _key_p2c(
+        self, view: _View, key_hash: int, ready: tuple[Endpoint, ...], allowed: Collection[str] | None
+    ) -> Endpoint:
+        assert view.ring is not None
+        i, j = view.ring.pair(key_hash)
+        a, b = view.ring_endpoints[i], view.ring_endpoints[j]
+        a_ok = a.ready and (allowed is None or a.address in allowed)
+        b_ok = b is not a and b.ready and (allowed is None or b.address in allowed)
+        if a_ok and b_ok:
+            return b if b.in_flight + b.waiting < a.in_flight + a.waiting else a
+        if a_ok:
+            return a
+        if b_ok:
+            return b
+        return self._p2c(ready, None)
 
     def _p2c(self, ready: tuple[Endpoint, ...], exclude: Endpoint | None) -> Endpoint:
         if exclude is not None and len(ready) > 1:

@@ -10,10 +10,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cacheroute.router.endpoints import EndpointPool, SliceEndpoint
+from cacheroute.router.extproc import SERVICE as EXT_PROC_SERVICE
 from cacheroute.router.extproc import ExternalProcessor, RouterCore
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker
@@ -23,7 +23,6 @@ from cacheroute.router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 
-EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 LIVENESS = "liveness"
 READINESS = "readiness"
 # A ConfigMap-assembled payload may be caught half-written; give it this long to complete.
@@ -41,6 +40,7 @@ class Router:
             fallbacks=settings.fallbacks,
             keys=settings.keys,
             seed=settings.seed,
+            unplanned=settings.unplanned,
         )
         self.metrics = RouterMetrics(
             self.pool, sketch_size=settings.sketch_size, export_key_names=settings.export_key_names
@@ -112,7 +112,7 @@ class Router:
         server = grpc.aio.server(
             options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 100_000)],
         )
-        pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(self.core), server)
+        ExternalProcessor(self.core).add_to(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self.grpc_port = server.add_insecure_port(f"{s.grpc_host}:{s.grpc_port}")
         if self.grpc_port == 0:
@@ -148,8 +148,8 @@ class Router:
                 )
                 slices.start()
                 self._watches.append(slices)
-        log.info("ext_proc gRPC on %s:%d, metrics on %s:%d", s.grpc_host, self.grpc_port, s.metrics_host,
-                 self.metrics_port)
+        log.info("ext_proc gRPC on %s:%d, metrics on %s:%d, event loop %s.%s", s.grpc_host, self.grpc_port,
+                 s.metrics_host, self.metrics_port, type(loop).__module__, type(loop).__name__)
 
     def _configmap_files(self, files: dict[str, bytes]) -> None:
         self.store.submit(files, origin=f"ConfigMaps {self.settings.namespace}/{self.settings.pool}-plan*",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cacheroute.planner.plan import KeyExtraction
+from cacheroute.router.eventloop import EVENT_LOOPS
 
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_METRICS_PORT = 9090
@@ -84,6 +85,7 @@ class RouterSettings:
     spill_threshold: float | None = None
     spill_slack: float = 2.0
     fallbacks: int = 0
+    unplanned: str = "key-p2c"
     scrape_interval: float = 0.5
     scrape_timeout: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -92,6 +94,8 @@ class RouterSettings:
     # How request/response bodies arrive when Envoy does not say (it does from 1.33 on).
     default_body_mode: str = "none"
     seed: int | None = None
+    # auto: uvloop when installed, else the standard loop (see cacheroute.router.eventloop).
+    event_loop: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "metrics_port"):
@@ -110,6 +114,8 @@ class RouterSettings:
             raise SettingsError(f"spill-slack {self.spill_slack} must be >= 0")
         if not 0 <= self.fallbacks <= 16:
             raise SettingsError(f"fallbacks {self.fallbacks} must be between 0 and 16")
+        if self.unplanned not in UNPLANNED_MODES:
+            raise SettingsError(f"unplanned {self.unplanned!r} is not one of {', '.join(UNPLANNED_MODES)}")
         if self.scrape_interval < 0:
             raise SettingsError(f"scrape-interval {self.scrape_interval} must be >= 0 (0 turns scraping off)")
         if self.scrape_timeout <= 0:
@@ -122,6 +128,8 @@ class RouterSettings:
             raise SettingsError(f"sketch-size {self.sketch_size} must be >= 1")
         if self.default_body_mode not in BODY_MODES:
             raise SettingsError(f"body-mode {self.default_body_mode!r} is not one of {', '.join(BODY_MODES)}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise SettingsError(f"event-loop {self.event_loop!r} is not one of {', '.join(EVENT_LOOPS)}")
         if self.keys.prompt_prefix_chars is not None and self.keys.prompt_prefix_chars < 0:
             raise SettingsError(f"prompt-prefix-chars {self.keys.prompt_prefix_chars} must be >= 0")
         if self.target_port is not None and not 0 < self.target_port < 65536:
@@ -133,5 +141,7 @@ class RouterSettings:
         return self.pool is not None
 
 
+# How keys outside the plan are routed (the picker's modes).
+UNPLANNED_MODES = ("key-p2c", "p2c")
 # Names accepted by --body-mode, matching Envoy's ProcessingMode.BodySendMode.
 BODY_MODES = ("none", "streamed", "buffered", "buffered-partial", "full-duplex")

@@ -2,30 +2,47 @@
 
 Run: `.venv/bin/python tests/bench/bench_router.py` (writes bench-results/router.json).
 
+Load comes from a small Go program, `tests/bench/loadgen` (its own module: ext_proc v3 types from
+go-control-plane, grpc-go), so the client costs little CPU and no Python of its own on the
+machine it shares with the servers. It is built on first use (needs Go and the module proxy, or
+the Go module cache) into `~/.cache/cacheroute/bin/loadgen-<hash of its sources>/`;
+`CACHEROUTE_LOADGEN` names a prebuilt one instead.
+
 1. In-process decision time with a 200,000-route plan (target: median <= 20 us), for planned,
    unplanned and keyless requests, for `Picker.pick` alone and for a whole ext_proc message
    (key hashing, pick, reply, metrics) without gRPC; plus the time to load such a plan, and the
    time from a new plan appearing in the mounted volume to the router following it (<= 1 s).
-2. Decisions per second of one router process over gRPC (target >= 3,000/s): a grpc.aio client
-   in this process opens header-only `Process` streams with bounded concurrency against the
-   router in its own process. Baseline in the same run: a grpc.aio servicer that answers every
-   message with a constant, in its own process (the ceiling of any Python ext_proc server here).
+2. Decisions per second of one router process over gRPC (target >= 3,000/s): `loadgen extproc`
+   keeps 64 `Process` streams open at once on one HTTP/2 connection (as an Envoy with one worker
+   does), each sending what Envoy sends with the gateway's processing mode (request headers with
+   the key header, then response headers, then the half-close) and waiting for the status.
+   Baseline in the same run: a grpc.aio servicer answering every message with a constant, built
+   like the router's (the ceiling of any Python ext_proc server here). Three interleaved runs per
+   server after a warm-up; medians, server CPU per stream, and the router/baseline ratio.
 3. Latency added through Envoy at 250, 500 and 1,000 requests/s (target <= 1 ms at p99 at
    1,000/s): the same Envoy setup without ext_proc, with ext_proc to the constant servicer, and
    with ext_proc to the router (request headers only, and with the buffered body), interleaved
    in rounds in the same run, in front of fast upstreams (Envoy direct responses on their own
-   loopback addresses). Open-loop load from a small asyncio HTTP/1.1 client; latency is measured
-   from each request's scheduled send time, so a stalled client or server cannot hide queueing.
+   loopback addresses). `loadgen http` sends open-loop constant-rate HTTP/1.1 load over 64
+   keep-alive connections and measures latency from each request's scheduled send time, so a
+   stalled client or server cannot hide queueing (no coordinated omission).
 
-Everything listens on loopback; every phase is bounded in request count and in time.
+Everything listens on loopback; every phase is bounded in request count and in time. The load
+average is recorded with the figures: on a small shared machine other jobs move them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import platform
+import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,13 +54,15 @@ import numpy as np
 
 from cacheroute.planner.plan import Destination, Plan
 from cacheroute.planner.planfile import encode_plan
+from cacheroute.router import eventloop
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.envoy import GatewayOptions, gateway_bootstrap
-from cacheroute.router.extproc import Exchange, RouterCore
+from cacheroute.router.extproc import SERVICE, Exchange, RouterCore
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker
 from cacheroute.router.plans import PlanStore
 from cacheroute.router.testing import PlanVolume, RouterProcess, start_router_process
+from cacheroute.sandbox.binaries import cache_root
 from cacheroute.sandbox.envoy import Envoy, start_envoy
 from cacheroute.sandbox.process import ServerProcess, free_port, spawn, wait_until
 
@@ -51,12 +70,15 @@ ROUTES = 200_000
 DESTINATIONS = 30
 DECISIONS = 100_000
 GRPC_STREAMS = 20_000
+GRPC_SECONDS = 5.0
 GRPC_CONCURRENCY = 64
-GRPC_TIME_LIMIT = 30.0
+GRPC_RUNS = 3
+GRPC_WARMUP = 1_000
 RATES = (250.0, 500.0, 1000.0)
 ROUND_SECONDS = 2.0
 ROUNDS = 2
 LOAD_CONNECTIONS = 64
+HTTP_WARMUP = 200
 UPSTREAMS = 8
 KEYS = [f"tenant-{i}" for i in range(ROUTES)]
 
@@ -159,6 +181,83 @@ def bench_in_process() -> dict[str, Any]:
     return results
 
 
+# --- the load generator --------------------------------------------------------------------------
+
+
+LOADGEN_SOURCES = Path(__file__).with_name("loadgen")
+LOADGEN_ENV = "CACHEROUTE_LOADGEN"
+
+
+def loadgen_binary() -> Path:
+    """The Go load generator: `CACHEROUTE_LOADGEN`, else built once per version of its sources.
+
+    Cached like the sandbox's Go builds (`cache_root()`, ~/.cache/cacheroute/bin by default),
+    under a directory named for a hash of go.mod, go.sum and the .go files.
+    """
+    configured = os.environ.get(LOADGEN_ENV)
+    if configured:
+        return Path(configured)
+    digest = hashlib.sha256()
+    for source in sorted(LOADGEN_SOURCES.iterdir()):
+        if source.suffix == ".go" or source.name in ("go.mod", "go.sum"):
+            digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    directory = cache_root() / f"loadgen-{digest.hexdigest()[:16]}"
+    binary = directory / "loadgen"
+    if os.access(binary, os.X_OK):
+        return binary
+    if shutil.which("go") is None:
+        raise RuntimeError(f"building {LOADGEN_SOURCES} needs Go on PATH (or set {LOADGEN_ENV} to a built loadgen)")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with (directory.parent / ".loadgen.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.access(binary, os.X_OK):
+            return binary
+        # Built next to its final place, then renamed: a cache entry is complete or absent.
+        staging = directory.with_name(directory.name + ".staging")
+        shutil.rmtree(staging, ignore_errors=True)
+        env = {**os.environ, "CGO_ENABLED": "0", "GOWORK": "off",
+               "GOFLAGS": " ".join([os.environ.get("GOFLAGS", ""), "-trimpath", "-buildvcs=false", "-mod=readonly"])}
+        print(f"    building the load generator from {LOADGEN_SOURCES} ...", flush=True)
+        built = subprocess.run(["go", "build", "-o", str(staging / "loadgen"), "."], cwd=LOADGEN_SOURCES, env=env,
+                               check=False,
+                               capture_output=True, text=True, timeout=900)
+        if built.returncode != 0:
+            raise RuntimeError(f"go build of the load generator failed:\n{built.stderr[-4000:]}")
+        shutil.rmtree(directory, ignore_errors=True)
+        staging.rename(directory)
+    return binary
+
+
+class LoadGen:
+    """Runs the load generator and reads its JSON report, with the CPU it used."""
+
+    def __init__(self, binary: Path, keys_file: Path) -> None:
+        self.binary = binary
+        self.keys_file = keys_file
+
+    def _run(self, mode: str, args: Sequence[str], timeout: float) -> dict[str, Any]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run([str(self.binary), mode, "-keys-file", str(self.keys_file), *args],
+                              check=False, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"loadgen {mode} {' '.join(args)} failed: {done.stderr.strip()}")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result: dict[str, Any] = json.loads(done.stdout)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        result["client_cpu_seconds"] = round(cpu, 2)
+        return result
+
+    def extproc(self, target: str, *, streams: int, seconds: float, warmup: int = 0) -> dict[str, Any]:
+        return self._run("extproc", ["-target", target, "-streams", str(streams), "-duration", f"{seconds}s",
+                                     "-concurrency", str(GRPC_CONCURRENCY), "-warmup", str(warmup)],
+                         timeout=seconds + 60)
+
+    def http(self, port: int, *, rate: float, seconds: float) -> dict[str, Any]:
+        return self._run("http", ["-addr", f"127.0.0.1:{port}", "-rate", str(rate), "-duration", f"{seconds}s",
+                                  "-connections", str(LOAD_CONNECTIONS), "-warmup", str(HTTP_WARMUP), "-raw"],
+                         timeout=seconds + 60)
+
+
 # --- 2. decisions per second over gRPC -------------------------------------------------------------
 
 
@@ -167,75 +266,50 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _grpc_load(target: str, total: int, concurrency: int, limit_s: float) -> dict[str, Any]:
-    import grpc
-    from envoy.config.core.v3 import base_pb2
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+def bench_grpc(loadgen: LoadGen, servers: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    """Streams per second of each server (name -> (target, pid)), in interleaved runs.
 
-    rng = np.random.default_rng(3)
-    requests = []
-    for i in rng.integers(0, ROUTES, 512):
-        values = [
-            base_pb2.HeaderValue(key=":path", raw_value=b"/v1/chat/completions"),
-            base_pb2.HeaderValue(key="x-affinity-key", raw_value=KEYS[int(i)].encode()),
-        ]
-        requests.append(pb.ProcessingRequest(
-            request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=values), end_of_stream=True)
-        ))
-    done = 0
-    errors = 0
-    latencies: list[float] = []
-    deadline = time.monotonic() + limit_s
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = pb_grpc.ExternalProcessorStub(channel)
-
-        async def one(request: pb.ProcessingRequest) -> None:
-            call = stub.Process()
-            await call.write(request)
-            await call.done_writing()
-            response = await call.read()
-            if response is grpc.aio.EOF or not response.HasField("request_headers"):
-                raise RuntimeError("no headers reply")
-
-        await one(requests[0])  # connect
-
-        async def worker(index: int) -> None:
-            nonlocal done, errors
-            i = index
-            while done + errors < total and time.monotonic() < deadline:
-                t0 = time.perf_counter()
-                try:
-                    await one(requests[i % len(requests)])
-                    done += 1
-                    latencies.append(time.perf_counter() - t0)
-                except Exception:
-                    errors += 1
-                i += concurrency
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return {"decisions": done, "errors": errors, "seconds": round(elapsed, 3),
-            "per_second": round(done / elapsed, 1), "stream_latency": summary(latencies)}
-
-
-def _grpc_round(target: str, pid: int) -> dict[str, Any]:
-    cpu_before = _cpu_seconds(pid)
-    result = asyncio.run(_grpc_load(target, GRPC_STREAMS, GRPC_CONCURRENCY, GRPC_TIME_LIMIT))
-    cpu = _cpu_seconds(pid) - cpu_before
-    result["concurrency"] = GRPC_CONCURRENCY
-    result["server_cpu_seconds"] = round(cpu, 2)
-    result["server_cpu_us_per_stream"] = round(cpu / max(1, result["decisions"]) * 1e6, 1)
-    result["streams_per_server_cpu_second"] = round(result["decisions"] / max(cpu, 1e-9), 1)
-    return result
+    `router<suffix>` is compared with `constant_servicer<suffix>` (the same event loop).
+    """
+    for target, _pid in servers.values():
+        loadgen.extproc(target, streams=GRPC_WARMUP, seconds=GRPC_SECONDS)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+    for _ in range(GRPC_RUNS):
+        for name, (target, pid) in servers.items():
+            cpu_before = _cpu_seconds(pid)
+            result = loadgen.extproc(target, streams=GRPC_STREAMS, seconds=GRPC_SECONDS)
+            cpu = _cpu_seconds(pid) - cpu_before
+            result["server_cpu_seconds"] = round(cpu, 2)
+            result["server_cpu_us_per_stream"] = round(cpu / max(1, result["streams"]) * 1e6, 1)
+            runs[name].append(result)
+    out: dict[str, Any] = {"concurrency": GRPC_CONCURRENCY, "runs_per_server": GRPC_RUNS,
+                           "streams_per_run": GRPC_STREAMS, "seconds_per_run": GRPC_SECONDS}
+    for name, results in runs.items():
+        out[name] = {
+            "median_per_second": round(float(np.median([r["streams_per_second"] for r in results])), 1),
+            "median_server_cpu_us_per_stream": round(
+                float(np.median([r["server_cpu_us_per_stream"] for r in results])), 1),
+            "median_decision_p50_ms": round(float(np.median([r["decision_latency"]["p50_ms"] for r in results])), 3),
+            "median_decision_p99_ms": round(float(np.median([r["decision_latency"]["p99_ms"] for r in results])), 3),
+            "errors": sum(r["errors"] for r in results),
+            "runs": results,
+        }
+    for name in servers:
+        baseline = name.replace("router", "constant_servicer")
+        if name != baseline and baseline in out:
+            ratio = out[name]["median_per_second"] / out[baseline]["median_per_second"]
+            out[name]["ratio_to_constant_servicer"] = round(ratio, 2)
+    return out
 
 
 async def _serve_constant(port_file: Path) -> None:
-    """The baseline: a grpc.aio ext_proc servicer that answers every message with a constant."""
+    """The baseline: a grpc.aio ext_proc servicer that answers every message with a constant.
+
+    Built the way the router is (reader/writer API, replies serialized once, a registered method
+    handler, the same server options), so it is the ceiling of any Python ext_proc server here.
+    """
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
     replies = {
         "request_headers": pb.ProcessingResponse(request_headers=pb.HeadersResponse()),
@@ -243,14 +317,17 @@ async def _serve_constant(port_file: Path) -> None:
         "response_headers": pb.ProcessingResponse(response_headers=pb.HeadersResponse()),
         "response_body": pb.ProcessingResponse(response_body=pb.BodyResponse()),
     }
+    serialized = {kind: reply.SerializeToString() for kind, reply in replies.items()}
 
-    class Constant(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-        async def Process(self, requests: Any, context: Any) -> Any:  # noqa: N802
-            async for request in requests:
-                yield replies[request.WhichOneof("request")]
+    async def process(_requests: object, context: Any) -> None:
+        while (request := await context.read()) is not grpc.aio.EOF:
+            await context.write(serialized[request.WhichOneof("request")])
 
-    server = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(Constant(), server)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 100_000)])
+    handlers = {"Process": grpc.stream_stream_rpc_method_handler(
+        process, request_deserializer=pb.ProcessingRequest.FromString)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     await asyncio.to_thread(_write_atomically, port_file, str(port))
@@ -263,20 +340,13 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(staged, path)
 
 
-def start_constant_server(workdir: Path) -> tuple[ServerProcess, str]:
-    port_file = workdir / "constant.port"
-    constant = spawn("constant-ext-proc", [sys.executable, __file__, "--constant-server", str(port_file)],
-                     log=workdir / "constant.log", detach=False)
+def start_constant_server(workdir: Path, loop: str) -> tuple[ServerProcess, str]:
+    port_file = workdir / f"constant-{loop}.port"
+    constant = spawn(f"constant-ext-proc-{loop}",
+                     [sys.executable, __file__, "--constant-server", str(port_file), loop],
+                     log=workdir / f"constant-{loop}.log", detach=False)
     wait_until(port_file.exists, timeout=30, what="the constant ext_proc server", process=constant)
     return constant, f"127.0.0.1:{port_file.read_text()}"
-
-
-def bench_grpc(router: RouterProcess, constant: ServerProcess, constant_target: str) -> dict[str, Any]:
-    baseline = _grpc_round(constant_target, constant.pid)
-    result = _grpc_round(router.target, router.process.pid)
-    result["baseline_constant_servicer"] = baseline
-    result["ratio_to_baseline"] = round(result["per_second"] / baseline["per_second"], 2)
-    return result
 
 
 def bench_reload(router: RouterProcess, volume: PlanVolume, destinations: Sequence[Destination]) -> dict[str, Any]:
@@ -331,103 +401,9 @@ def upstream_bootstrap(addresses: Sequence[str]) -> dict[str, Any]:
     return {"static_resources": {"listeners": listeners}}
 
 
-class LoadClient:
-    """Open-loop HTTP/1.1 load over keep-alive connections, minimal parsing, asyncio only."""
-
-    def __init__(self, port: int, connections: int) -> None:
-        self.port = port
-        self.connections = connections
-        self._idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
-
-    async def open(self) -> None:
-        for _ in range(self.connections):
-            self._idle.put_nowait(await asyncio.open_connection("127.0.0.1", self.port))
-
-    async def close(self) -> None:
-        while not self._idle.empty():
-            _, writer = self._idle.get_nowait()
-            writer.close()
-
-    async def _request(self, raw: bytes) -> int:
-        reader, writer = await self._idle.get()
-        try:
-            writer.write(raw)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head[9:12])
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            if length:
-                await reader.readexactly(length)
-        except BaseException:
-            writer.close()
-            self._idle.put_nowait(await asyncio.open_connection("127.0.0.1", self.port))
-            raise
-        self._idle.put_nowait((reader, writer))
-        return status
-
-    async def run(self, requests: Sequence[bytes], rate: float, seconds: float) -> dict[str, Any]:
-        count = int(rate * seconds)
-        latencies: list[float] = []
-        statuses: dict[int, int] = {}
-        lag: list[float] = []
-        loop = asyncio.get_running_loop()
-        start = loop.time() + 0.05
-
-        async def one(i: int, scheduled: float) -> None:
-            try:
-                status = await self._request(requests[i % len(requests)])
-            except (OSError, asyncio.IncompleteReadError, ValueError):
-                status = -1
-            statuses[status] = statuses.get(status, 0) + 1
-            latencies.append(loop.time() - scheduled)
-
-        tasks = []
-        for i in range(count):
-            scheduled = start + i / rate
-            delay = scheduled - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            lag.append(max(0.0, loop.time() - scheduled))
-            tasks.append(asyncio.create_task(one(i, scheduled)))
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
-        return {"latencies": latencies, "statuses": statuses, "max_send_lag_ms": round(max(lag) * 1e3, 2)}
-
-
-def http_requests(keys: Sequence[str]) -> list[bytes]:
-    out = []
-    for key in keys:
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "Say hi in one word."}]}).encode()
-        out.append(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
-            + f"x-affinity-key: {key}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-    return out
-
-
-async def _latency_rounds(ports: dict[str, int], requests: list[bytes], rate: float) -> dict[str, Any]:
-    clients = {name: LoadClient(port, LOAD_CONNECTIONS) for name, port in ports.items()}
-    for client in clients.values():
-        await client.open()
-        await client.run(requests, 200, 0.5)  # warm connections, caches and the router
-    collected: dict[str, dict[str, Any]] = {n: {"latencies": [], "statuses": {}, "max_send_lag_ms": 0.0}
-                                            for n in ports}
-    for _ in range(ROUNDS):
-        for name, client in clients.items():
-            result = await client.run(requests, rate, ROUND_SECONDS)
-            into = collected[name]
-            into["latencies"].extend(result["latencies"])
-            for status, n in result["statuses"].items():
-                into["statuses"][status] = into["statuses"].get(status, 0) + n
-            into["max_send_lag_ms"] = max(into["max_send_lag_ms"], result["max_send_lag_ms"])
-    for client in clients.values():
-        await client.close()
-    return collected
-
-
-def bench_envoy(router: RouterProcess, constant: str, upstreams: Sequence[str], workdir: Path) -> dict[str, Any]:
+def bench_envoy(
+    loadgen: LoadGen, router: RouterProcess, constant: str, upstreams: Sequence[str], workdir: Path
+) -> dict[str, Any]:
     started: list[Envoy] = []
     variants = {
         "no_ext_proc": GatewayOptions(with_ext_proc=False),
@@ -438,7 +414,8 @@ def bench_envoy(router: RouterProcess, constant: str, upstreams: Sequence[str], 
         "ext_proc_headers_only": GatewayOptions(request_body_mode="NONE"),
         "ext_proc_buffered_body": GatewayOptions(request_body_mode="BUFFERED"),
     }
-    out: dict[str, Any] = {"rounds": ROUNDS, "round_seconds": ROUND_SECONDS, "by_rate": {}}
+    out: dict[str, Any] = {"rounds": ROUNDS, "round_seconds": ROUND_SECONDS, "connections": LOAD_CONNECTIONS,
+                           "by_rate": {}}
     try:
         ports: dict[str, int] = {}
         for name, base in variants.items():
@@ -451,38 +428,50 @@ def bench_envoy(router: RouterProcess, constant: str, upstreams: Sequence[str], 
             started.append(start_envoy(gateway_bootstrap(target, upstreams, options), workdir=workdir,
                                        name=f"gateway-{name}"))
             ports[name] = port
-        rng = np.random.default_rng(5)
-        # Nine in ten requests carry a planned key, the rest an unplanned one.
-        keys = [KEYS[int(i)] if i % 10 else f"stranger-{i}" for i in rng.integers(0, ROUTES, 2000)]
-        requests = http_requests(keys)
         for rate in RATES:
+            load_before = os.getloadavg()[0]
             cpu_before = _cpu_seconds(router.process.pid)
-            collected = asyncio.run(_latency_rounds(ports, requests, rate))
+            collected: dict[str, list[dict[str, Any]]] = {name: [] for name in ports}
+            for _ in range(ROUNDS):
+                for name, port in ports.items():
+                    collected[name].append(loadgen.http(port, rate=rate, seconds=ROUND_SECONDS))
             router_cpu = _cpu_seconds(router.process.pid) - cpu_before
-            out["by_rate"][str(int(rate))] = _latency_table(collected, router_cpu)
+            table = _latency_table(collected, router_cpu)
+            table["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            out["by_rate"][str(int(rate))] = table
     finally:
         for envoy in reversed(started):
             envoy.stop()
     return out
 
 
-def _latency_table(collected: dict[str, dict[str, Any]], router_cpu: float) -> dict[str, Any]:
-    base_lat = np.asarray(collected["no_ext_proc"]["latencies"])
+def _latency_table(collected: dict[str, list[dict[str, Any]]], router_cpu: float) -> dict[str, Any]:
+    def latencies(name: str) -> np.ndarray:
+        return np.concatenate([np.asarray(r["latencies_us"], dtype=float) for r in collected[name]]) / 1e3
+
+    base = latencies("no_ext_proc")
     table: dict[str, Any] = {"router_cpu_seconds": round(router_cpu, 2)}
-    for name, result in collected.items():
-        lat = np.asarray(result["latencies"])
+    for name, results in collected.items():
+        lat = latencies(name)
+        statuses: dict[str, int] = {}
+        for r in results:
+            for status, n in r["statuses"].items():
+                statuses[status] = statuses.get(status, 0) + n
         row: dict[str, Any] = {
             "requests": len(lat),
-            "statuses": {str(k): v for k, v in sorted(result["statuses"].items())},
-            "max_send_lag_ms": result["max_send_lag_ms"],
-            "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 3),
-            "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 3),
+            "errors": sum(r["errors"] for r in results),
+            "statuses": dict(sorted(statuses.items())),
+            "achieved_rate": [r["achieved_rate"] for r in results],
+            "max_send_lag_ms": max(r["max_send_lag_ms"] for r in results),
+            "client_cpu_seconds": round(sum(r["client_cpu_seconds"] for r in results), 2),
         }
+        for q in (50, 90, 99):
+            row[f"p{q}_ms"] = round(float(np.percentile(lat, q)), 3)
+        row["max_ms"] = round(float(lat.max()), 3)
         if name != "no_ext_proc":
-            row["added_p50_ms"] = round(float(np.percentile(lat, 50) - np.percentile(base_lat, 50)) * 1e3, 3)
-            row["added_p99_ms"] = round(float(np.percentile(lat, 99) - np.percentile(base_lat, 99)) * 1e3, 3)
-            row["p50_ratio"] = round(float(np.percentile(lat, 50) / np.percentile(base_lat, 50)), 2)
-            row["p99_ratio"] = round(float(np.percentile(lat, 99) / np.percentile(base_lat, 99)), 2)
+            for q in (50, 99):
+                row[f"added_p{q}_ms"] = round(float(np.percentile(lat, q) - np.percentile(base, q)), 3)
+                row[f"p{q}_ratio"] = round(float(np.percentile(lat, q) / np.percentile(base, q)), 2)
         table[name] = row
     return table
 
@@ -490,11 +479,16 @@ def _latency_table(collected: dict[str, dict[str, Any]], router_cpu: float) -> d
 # --- main ------------------------------------------------------------------------------------------
 
 
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def main() -> None:
     results: dict[str, Any] = {
         "machine": {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "load_average_at_start": [round(x, 2) for x in os.getloadavg()]},
+                    "load_average_at_start": _load()},
     }
+    loadgen_path = loadgen_binary()
     print("1/3 in-process decisions with a 200,000-route plan ...", flush=True)
     results["in_process"] = in_process = bench_in_process()
     print(f"    plan load (decode + index): {in_process['plan_load_ms']} ms")
@@ -504,60 +498,84 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
         workdir = Path(tmp)
+        rng = np.random.default_rng(5)
+        # Nine in ten requests carry a planned key, the rest an unplanned one.
+        keys = [KEYS[int(i)] if i % 10 else f"stranger-{i}" for i in rng.integers(0, ROUTES, 2000)]
+        keys_file = workdir / "keys.txt"
+        keys_file.write_text("\n".join(keys) + "\n")
+        loadgen = LoadGen(loadgen_path, keys_file)
         upstreams = [f"127.0.99.{i + 1}:{free_port()}" for i in range(UPSTREAMS)]
         upstream_envoy = start_envoy(upstream_bootstrap(upstreams), workdir=workdir, name="upstreams")
         destinations = [Destination(f"bench-{i}", upstreams[i % UPSTREAMS]) for i in range(UPSTREAMS)]
         volume = PlanVolume(workdir / "plan")
         volume.publish(big_plan(destinations))
-        router = start_router_process(
-            ["--plan-dir", str(volume.path), "--scrape-interval", "0.5", "--log-level", "warning"],
-            log=workdir / "router.log",
-        )
-        constant, constant_target = start_constant_server(workdir)
-        try:
-            print("2/3 decisions per second over gRPC (router in its own process) ...", flush=True)
-            results["reload"] = reload = bench_reload(router, volume, destinations)
+        default_loop = eventloop.resolve("auto")
+        results["machine"]["event_loop"] = default_loop
+        # Each server on the default loop (uvloop when installed) and, for comparison, on asyncio's own.
+        loops = {"": "auto"} if default_loop == "asyncio" else {"": "auto", "_asyncio": "asyncio"}
+        servers: dict[str, tuple[str, int]] = {}
+        with contextlib.ExitStack() as stack:
+            stack.callback(upstream_envoy.stop)
+            for suffix, loop in loops.items():
+                router = start_router_process(
+                    ["--plan-dir", str(volume.path), "--scrape-interval", "0.5", "--log-level", "warning",
+                     "--event-loop", loop],
+                    log=workdir / f"router{suffix}.log",
+                )
+                stack.callback(router.stop)
+                constant, constant_target = start_constant_server(workdir, loop)
+                stack.callback(constant.stop)
+                servers[f"constant_servicer{suffix}"] = (constant_target, constant.pid)
+                servers[f"router{suffix}"] = (router.target, router.process.pid)
+                if not suffix:
+                    main_router, main_constant = router, constant_target
+            results["reload"] = reload = bench_reload(main_router, volume, destinations)
             print(f"    plan swap to effect (200,000 routes, poll 0.2 s): {reload['seconds']} s (target <= 1 s)")
-            results["grpc"] = grpc_result = bench_grpc(router, constant, constant_target)
-            baseline = grpc_result["baseline_constant_servicer"]
-            print(f"    router:   {grpc_result['per_second']:.0f} decisions/s at concurrency {GRPC_CONCURRENCY} "
-                  f"({grpc_result['decisions']} in {grpc_result['seconds']} s, {grpc_result['errors']} errors), "
-                  f"server CPU {grpc_result['server_cpu_us_per_stream']} us/stream (target >= 3,000/s)")
-            print(f"    baseline: {baseline['per_second']:.0f} streams/s for a constant-reply grpc.aio servicer, "
-                  f"server CPU {baseline['server_cpu_us_per_stream']} us/stream; "
-                  f"router/baseline {grpc_result['ratio_to_baseline']}x")
+            print(f"2/3 streams per second over gRPC: {GRPC_RUNS} interleaved runs per server of at most "
+                  f"{GRPC_STREAMS} streams or {GRPC_SECONDS:.0f} s, {GRPC_CONCURRENCY} concurrent, from the Go "
+                  f"load generator; event loop {default_loop} unless named ...", flush=True)
+            load_before = _load()
+            results["grpc"] = grpc_result = bench_grpc(loadgen, servers)
+            grpc_result["load_average"] = {"before": load_before, "after": _load()}
+            for name in servers:
+                row = grpc_result[name]
+                ratio = row.get("ratio_to_constant_servicer")
+                print(f"    {name:25s} median {row['median_per_second']:7.0f} streams/s, server CPU "
+                      f"{row['median_server_cpu_us_per_stream']:6.1f} us/stream, decision p50 "
+                      f"{row['median_decision_p50_ms']} ms p99 {row['median_decision_p99_ms']} ms, "
+                      f"{row['errors']} errors" + (f", {ratio}x its constant servicer" if ratio else ""))
+            print("    (target >= 3,000 decisions/s; a constant servicer is the ceiling of grpc.aio on its loop)")
             print(f"3/3 latency through Envoy at {', '.join(str(int(r)) for r in RATES)} requests/s, {ROUNDS} "
-                  f"interleaved rounds of {ROUND_SECONDS:.0f} s per variant ...", flush=True)
-            results["envoy"] = envoy_result = bench_envoy(router, constant_target, upstreams, workdir)
-        finally:
-            constant.stop()
-            router.stop()
-            upstream_envoy.stop()
+                  f"interleaved rounds of {ROUND_SECONDS:.0f} s per variant, open loop, event loop {default_loop} "
+                  "...", flush=True)
+            results["envoy"] = envoy_result = bench_envoy(loadgen, main_router, main_constant, upstreams, workdir)
     for rate, table in envoy_result["by_rate"].items():
         base = table["no_ext_proc"]
-        print(f"    {rate:>5s}/s no ext_proc              p50 {base['p50_ms']:8.3f} ms  p99 {base['p99_ms']:8.3f} ms  "
-              f"{base['statuses']}")
+        print(f"    {rate:>5s}/s no ext_proc                 p50 {base['p50_ms']:7.3f} ms  p99 {base['p99_ms']:7.3f} ms"
+              f"  {base['statuses']} errors {base['errors']}  (load {table['load_average_1m']})")
         for name in ("ext_proc_constant_servicer", "ext_proc_headers_only", "ext_proc_buffered_body"):
             row = table[name]
-            print(f"    {rate:>5s}/s {name:24s} p50 {row['p50_ms']:8.3f} ms  p99 {row['p99_ms']:8.3f} ms  "
+            print(f"    {rate:>5s}/s {name:27s} p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms  "
                   f"added p50 {row['added_p50_ms']:+.3f} ms  p99 {row['added_p99_ms']:+.3f} ms  "
-                  f"(p50 {row['p50_ratio']}x, p99 {row['p99_ratio']}x)  {row['statuses']}")
+                  f"(p50 {row['p50_ratio']}x, p99 {row['p99_ratio']}x)  {row['statuses']} errors {row['errors']}")
     at_1000 = envoy_result["by_rate"]["1000"]
     results["targets"] = {
         "decision_median_us<=20": in_process["pick_planned"]["median_us"] <= 20,
         "plan_in_effect_s<=1": results["reload"]["max_seconds"] <= 1.0,
-        "grpc_decisions_per_s>=3000": grpc_result["per_second"] >= 3000,
+        "grpc_decisions_per_s>=3000": grpc_result["router"]["median_per_second"] >= 3000,
         "added_p99_ms<=1_at_1000rps_buffered_body": at_1000["ext_proc_buffered_body"]["added_p99_ms"] <= 1.0,
         "added_p99_ms<=1_at_1000rps_headers_only": at_1000["ext_proc_headers_only"]["added_p99_ms"] <= 1.0,
     }
+    results["machine"]["load_average_at_end"] = _load()
     results["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
+    print(f"targets: {results['targets']}")
     print(f"wrote {OUT}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--constant-server":
-        asyncio.run(_serve_constant(Path(sys.argv[2])))
+    if len(sys.argv) == 4 and sys.argv[1] == "--constant-server":
+        eventloop.run(_serve_constant(Path(sys.argv[2])), sys.argv[3])
     else:
         main()

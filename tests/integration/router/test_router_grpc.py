@@ -93,3 +93,16 @@ def test_bad_plan_keeps_the_last_good_one(
                     "the broken plan to be rejected")
     assert f'version="{good}"' in router.metrics()
     assert destination(exchange(router, headers_request("alice")))[0] == engines[1].address
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_both_event_loops_route_planned_keys(
+    loop: str, engines: list[Engine], volume: PlanVolume, start_router: RouterStarter
+) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    volume.publish(make_plan(engines, {"alice": [1]}))
+    router = start_router("--plan-dir", str(volume.path), "--event-loop", loop)
+    for _ in range(3):
+        assert destination(exchange(router, headers_request("alice"))) == (engines[1].address,) * 2
+    assert f"event loop {loop}." in router.process.log.read_text()

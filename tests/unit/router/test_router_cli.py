@@ -22,6 +22,7 @@ runner = CliRunner()
         (["--body-mode", "sometimes"], "body-mode 'sometimes' is not one of"),
         (["--fallbacks", "40"], "fallbacks 40 must be between 0 and 16"),
         (["--log-level", "loud"], "log-level 'loud'"),
+        (["--event-loop", "fast"], "event-loop 'fast' is not one of"),
     ],
 )
 def test_bad_settings_exit_with_a_message(args: list[str], message: str) -> None:

@@ -31,6 +31,11 @@ def make_core(max_body_bytes: int = 1 << 20, ready: bool = True) -> RouterCore:
     return RouterCore(picker, metrics, max_body_bytes=max_body_bytes)
 
 
+def handle(ex: Exchange, request: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    """The exchange's replies to one message, parsed (they leave it serialized)."""
+    return [pb.ProcessingResponse.FromString(reply) for reply in ex.handle(request)]
+
+
 def sample(core: RouterCore, name: str, **labels: str) -> float | None:
     return core.metrics.registry.get_sample_value(name, labels)
 
@@ -71,9 +76,9 @@ BODY = json.dumps({"model": "m", "user": "alice", "messages": [{"role": "user", 
 def test_full_duplex_holds_headers_and_chunks_until_the_body_ends() -> None:
     core = make_core()
     ex = Exchange(core)
-    assert ex.handle(headers(Mode.FULL_DUPLEX_STREAMED)) == []
-    assert ex.handle(body(BODY[:10], False)) == []
-    replies = ex.handle(body(BODY[10:], True))
+    assert handle(ex, headers(Mode.FULL_DUPLEX_STREAMED)) == []
+    assert handle(ex, body(BODY[:10], False)) == []
+    replies = handle(ex, body(BODY[10:], True))
     assert replies[0].WhichOneof("response") == "request_headers"
     assert routed_to(replies[0]) == ADDRESSES[2]
     assert [echoed(r) for r in replies[1:]] == [(BODY[:10], False), (BODY[10:], True)]
@@ -85,22 +90,22 @@ def test_full_duplex_holds_headers_and_chunks_until_the_body_ends() -> None:
 def test_full_duplex_past_the_limit_decides_by_p2c_and_streams_the_rest() -> None:
     core = make_core(max_body_bytes=16)
     ex = Exchange(core)
-    ex.handle(headers(Mode.FULL_DUPLEX_STREAMED))
-    assert ex.handle(body(BODY[:12], False)) == []
-    replies = ex.handle(body(BODY[12:24], False))
+    handle(ex, headers(Mode.FULL_DUPLEX_STREAMED))
+    assert handle(ex, body(BODY[:12], False)) == []
+    replies = handle(ex, body(BODY[12:24], False))
     assert ex.outcome == "p2c"
     assert [echoed(r) for r in replies[1:]] == [(BODY[:12], False), (BODY[12:24], False)]
     assert ex.chunks == [] and ex.held == []
-    (last,) = ex.handle(body(BODY[24:], True))
+    (last,) = handle(ex, body(BODY[24:], True))
     assert echoed(last) == (BODY[24:], True)
     assert sample(core, "cacheroute_router_body_key_fallbacks_total", reason="too_large") == 1
 
 
 def test_full_duplex_with_trailers_decides_on_the_trailers() -> None:
     ex = Exchange(make_core())
-    ex.handle(headers(Mode.FULL_DUPLEX_STREAMED))
-    ex.handle(body(BODY, False))
-    replies = ex.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
+    handle(ex, headers(Mode.FULL_DUPLEX_STREAMED))
+    handle(ex, body(BODY, False))
+    replies = handle(ex, pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
     assert routed_to(replies[0]) == ADDRESSES[2]
     assert echoed(replies[1]) == (BODY, False)
     assert replies[2].WhichOneof("response") == "request_trailers"
@@ -108,10 +113,10 @@ def test_full_duplex_with_trailers_decides_on_the_trailers() -> None:
 
 def test_buffered_decides_on_the_body_message() -> None:
     ex = Exchange(make_core())
-    (first,) = ex.handle(headers(Mode.BUFFERED))
+    (first,) = handle(ex, headers(Mode.BUFFERED))
     assert first.WhichOneof("response") == "request_headers"
     assert not first.request_headers.response.HasField("header_mutation")
-    (reply,) = ex.handle(body(BODY, True))
+    (reply,) = handle(ex, body(BODY, True))
     assert reply.WhichOneof("response") == "request_body"
     assert routed_to(reply) == ADDRESSES[2]
     assert ex.key is not None and ex.key.name == "alice"
@@ -120,12 +125,12 @@ def test_buffered_decides_on_the_body_message() -> None:
 def test_key_header_decides_on_the_headers_and_the_body_only_feeds_estimates() -> None:
     core = make_core()
     ex = Exchange(core)
-    (reply,) = ex.handle(headers(Mode.BUFFERED, key="alice"))
+    (reply,) = handle(ex, headers(Mode.BUFFERED, key="alice"))
     assert routed_to(reply) == ADDRESSES[2]
     conversation = json.dumps({"model": "m", "messages": [
         {"role": "system", "content": "s" * 400}, {"role": "user", "content": "next"}
     ]}).encode()
-    (passed,) = ex.handle(body(conversation, True))
+    (passed,) = handle(ex, body(conversation, True))
     assert passed.WhichOneof("response") == "request_body"
     assert not passed.request_body.response.HasField("header_mutation")
     assert ex.prefix_tokens == 0  # measured only after the reply went out
@@ -141,7 +146,7 @@ def test_key_header_decides_on_the_headers_and_the_body_only_feeds_estimates() -
 @pytest.mark.parametrize("mode", [Mode.NONE, Mode.STREAMED])
 def test_modes_without_a_held_body_decide_on_the_headers(mode: int) -> None:
     ex = Exchange(make_core())
-    (reply,) = ex.handle(headers(mode))
+    (reply,) = handle(ex, headers(mode))
     assert reply.WhichOneof("response") == "request_headers"
     assert ex.outcome == "p2c"
 
@@ -149,8 +154,8 @@ def test_modes_without_a_held_body_decide_on_the_headers(mode: int) -> None:
 def test_no_ready_endpoint_is_an_immediate_503() -> None:
     core = make_core(ready=False)
     ex = Exchange(core)
-    assert ex.handle(headers(Mode.FULL_DUPLEX_STREAMED)) == []
-    (reply,) = ex.handle(body(BODY, True))
+    assert handle(ex, headers(Mode.FULL_DUPLEX_STREAMED)) == []
+    (reply,) = handle(ex, body(BODY, True))
     assert reply.immediate_response.status.code == 503
     ex.finish()
     assert core.metrics.sketch.snapshot().total_requests == 0
@@ -159,11 +164,11 @@ def test_no_ready_endpoint_is_an_immediate_503() -> None:
 def test_response_usage_replaces_the_estimate() -> None:
     core = make_core()
     ex = Exchange(core)
-    ex.handle(headers(Mode.BUFFERED, key="alice"))
-    ex.handle(body(BODY, True))
-    ex.handle(pb.ProcessingRequest(response_headers=pb.HttpHeaders()))
+    handle(ex, headers(Mode.BUFFERED, key="alice"))
+    handle(ex, body(BODY, True))
+    handle(ex, pb.ProcessingRequest(response_headers=pb.HttpHeaders()))
     usage = b'{"usage": {"prompt_tokens": 321, "completion_tokens": 2}}'
-    (reply,) = ex.handle(pb.ProcessingRequest(response_body=pb.HttpBody(body=usage, end_of_stream=True)))
+    (reply,) = handle(ex, pb.ProcessingRequest(response_body=pb.HttpBody(body=usage, end_of_stream=True)))
     assert reply.WhichOneof("response") == "response_body"
     ex.finish()
     assert core.metrics.sketch.snapshot().keys[0].prompt_tokens == 321

@@ -210,3 +210,45 @@ def test_slices_decide_membership_except_for_static_endpoints() -> None:
     assert pool.by_address[ADDRESSES[2]].destination == "pool-2"
     assert pool.resolve(Destination("pool-2")) is pool.by_address[ADDRESSES[2]]
     assert not pool.by_address[ADDRESSES[3]].ready
+
+
+def test_an_unplanned_key_keeps_to_its_two_ring_candidates_on_every_replica() -> None:
+    plan = plan_for({"alice": [0]})
+    one, two = picker_for(plan, seed=1), picker_for(plan, seed=2)
+    first = {one.pick(key("bob")).endpoints[0].address for _ in range(100)}
+    assert len(first) == 1  # equal load: always the first candidate
+    assert {two.pick(key("bob")).endpoints[0].address for _ in range(100)} == first
+    # Make the first candidate the busiest endpoint: the key moves to its second candidate only.
+    pool = one.pool
+    pool.by_address[first.pop()].in_flight = 9
+    moved = Counter(one.pick(key("bob")).endpoints[0].address for _ in range(100))
+    assert len(moved) == 1
+    assert one.pick(key("bob")).outcome == P2C
+    # Many unplanned keys still use every endpoint.
+    spread = Counter(two.pick(key(f"user-{i}")).endpoints[0].address for i in range(600))
+    assert set(spread) == set(ADDRESSES)
+    assert min(spread.values()) > 50
+
+
+def test_an_unplanned_key_whose_candidates_are_unready_goes_to_plain_p2c() -> None:
+    picker = picker_for(plan_for({}))
+    pool = picker.pool
+    chosen = picker.pick(key("bob")).endpoints[0].address
+    pool.by_address[chosen].in_flight = 9
+    other = picker.pick(key("bob")).endpoints[0].address
+    assert other != chosen
+    pool.set_slices({a: SliceEndpoint(a, "", a not in (chosen, other)) for a in ADDRESSES})
+    seen = {picker.pick(key("bob")).endpoints[0].address for _ in range(200)}
+    assert seen.isdisjoint({chosen, other})
+    assert len(seen) > 2
+
+
+def test_random_p2c_for_unplanned_keys_when_asked() -> None:
+    pool = EndpointPool(scraping=False)
+    picker = Picker(pool, seed=3, unplanned="p2c")
+    plan = plan_for({})
+    pool.set_plan_destinations(plan.destinations)
+    picker.install(build_table(plan, "v1"))
+    assert len({picker.pick(key("bob")).endpoints[0].address for _ in range(200)}) == len(ADDRESSES)
+    with pytest.raises(ValueError, match="unplanned"):
+        Picker(pool, unplanned="sticky")
