@@ -15,7 +15,16 @@ import hashlib
 from collections.abc import Sequence
 
 DEFAULT_POINTS_PER_MEMBER = 64
+# How a router sends keys the plan does not hold: key-seeded p2c, or p2c on two random candidates.
+UNPLANNED_MODES = ("key-p2c", "p2c")
+DEFAULT_UNPLANNED = "key-p2c"
 _MASK = (1 << 64) - 1
+
+
+def check_unplanned_mode(mode: str) -> str:
+    if mode not in UNPLANNED_MODES:
+        raise ValueError(f"unplanned must be one of {', '.join(UNPLANNED_MODES)}, got {mode!r}")
+    return mode
 
 
 def _point(member: str, index: int) -> int:

@@ -22,7 +22,7 @@ import random
 from collections.abc import Collection
 from typing import NamedTuple
 
-from cacheroute.planner.keyring import KeyRing
+from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.plan import KeyExtraction
 from cacheroute.router.endpoints import Endpoint, EndpointPool
 from cacheroute.router.settings import KeyOverrides
@@ -33,7 +33,6 @@ SPILLED = "spilled"
 P2C = "p2c"
 NONE = "none"
 OUTCOMES = (PLANNED, SPILLED, P2C, NONE)
-UNPLANNED_MODES = ("key-p2c", "p2c")
 
 
 class Decision(NamedTuple):
@@ -67,12 +66,10 @@ class Picker:
         fallbacks: int = 0,
         keys: KeyOverrides | None = None,
         seed: int | None = None,
-        unplanned: str = "key-p2c",
+        unplanned: str = DEFAULT_UNPLANNED,
     ) -> None:
-        if unplanned not in UNPLANNED_MODES:
-            raise ValueError(f"unplanned must be one of {', '.join(UNPLANNED_MODES)}, got {unplanned!r}")
         self.pool = pool
-        self._key_seeded = unplanned == "key-p2c"
+        self._key_seeded = check_unplanned_mode(unplanned) == "key-p2c"
         self._threshold_override = spill_threshold
         self._slack = spill_slack
         self._fallbacks = fallbacks

@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cacheroute.planner.keyring import DEFAULT_UNPLANNED, UNPLANNED_MODES
 from cacheroute.planner.plan import KeyExtraction
 from cacheroute.router.eventloop import EVENT_LOOPS
 
@@ -85,7 +86,7 @@ class RouterSettings:
     spill_threshold: float | None = None
     spill_slack: float = 2.0
     fallbacks: int = 0
-    unplanned: str = "key-p2c"
+    unplanned: str = DEFAULT_UNPLANNED
     scrape_interval: float = 0.5
     scrape_timeout: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -141,7 +142,5 @@ class RouterSettings:
         return self.pool is not None
 
 
-# How keys outside the plan are routed (the picker's modes).
-UNPLANNED_MODES = ("key-p2c", "p2c")
 # Names accepted by --body-mode, matching Envoy's ProcessingMode.BodySendMode.
 BODY_MODES = ("none", "streamed", "buffered", "buffered-partial", "full-duplex")

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cacheroute.planner.errors import PlanInputError
-from cacheroute.planner.keyring import KeyRing
+from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.keystats import key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan
@@ -41,8 +41,6 @@ DEFAULT_CONTROL_PERIOD_S = 60.0
 # spec.metricsWindow, 30 min), so keys of a few requests per window are seen more than once.
 DEFAULT_WINDOW_S = 1800.0
 DEFAULT_SPILL_SLACK = 2.0
-UNPLANNED_MODES = ("key-p2c", "p2c")
-DEFAULT_UNPLANNED = "key-p2c"
 
 
 class Planned(Policy):
@@ -54,11 +52,9 @@ class Planned(Policy):
                  unplanned: str = DEFAULT_UNPLANNED) -> None:
         if spill_slack < 0:
             raise ValueError("spill slack must not be negative")
-        if unplanned not in UNPLANNED_MODES:
-            raise ValueError(f"unplanned must be one of {', '.join(UNPLANNED_MODES)}, got {unplanned!r}")
         self.fixed_plan = plan
         self.spill_slack = spill_slack
-        self.unplanned = unplanned
+        self.unplanned = check_unplanned_mode(unplanned)
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "spill_slack": self.spill_slack, "unplanned": self.unplanned,
@@ -197,8 +193,7 @@ class PlannerSettings:
             raise ValueError("control period must be positive")
         if not self.window_s > 0:
             raise ValueError("statistics window must be positive")
-        if self.unplanned not in UNPLANNED_MODES:
-            raise ValueError(f"unplanned must be one of {', '.join(UNPLANNED_MODES)}, got {self.unplanned!r}")
+        check_unplanned_mode(self.unplanned)
 
 
 class CacheRoute(Planned):

@@ -23,6 +23,7 @@ runner = CliRunner()
         (["--fallbacks", "40"], "fallbacks 40 must be between 0 and 16"),
         (["--log-level", "loud"], "log-level 'loud'"),
         (["--event-loop", "fast"], "event-loop 'fast' is not one of"),
+        (["--unplanned", "sticky"], "unplanned 'sticky' is not one of key-p2c, p2c"),
     ],
 )
 def test_bad_settings_exit_with_a_message(args: list[str], message: str) -> None:
