@@ -351,14 +351,34 @@ def _format_seconds(seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
+def cache_entry_lock(key: str) -> Iterator[Path]:
+    """Hold the lock of cache entry `key` (one builder at a time, across processes); yields the
+    entry's folder, which may not exist yet."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f".{key}.lock").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            yield root / key
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fresh_staging(key: str) -> Path:
+    """An empty folder to build entry `key` in, next to its final place (call under the lock)."""
+    staging = cache_root() / f".{key}.staging"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def publish(staging: Path, entry: Path) -> None:
+    """Replace a cache entry by its finished staging folder in one rename: an entry is complete
+    or absent."""
+    if entry.exists():
+        shutil.rmtree(entry)
+    staging.rename(entry)
 
 
 @dataclass(frozen=True)
@@ -373,8 +393,7 @@ class BuildRecord:
 def build(component: GoComponent, *, jobs: int = 2, report: Callable[[str], None] = lambda _msg: None) -> BuildRecord:
     """Build `component` into the cache (a no-op when that version is already there)."""
     root = cache_root()
-    target_dir = root / component.cache_key
-    with _lock(root / f".{component.cache_key}.lock"):
+    with cache_entry_lock(component.cache_key) as target_dir:
         if _is_cached(component):
             return read_record(component)
         goenv = _GoEnv.create(jobs)
@@ -405,11 +424,7 @@ def build(component: GoComponent, *, jobs: int = 2, report: Callable[[str], None
             runner.run(["go", "get", f"{component.package}@{component.version}"], "resolving dependencies")
             x_flags = component.ldflags(ModuleFacts(component.version, gomod))
             ldflags = " ".join(["-s", "-w", *(f"-X {k}={v}" for k, v in sorted(x_flags.items()))])
-            # Built next to its final place, then renamed: a cache entry is complete or absent.
-            staging = root / f".{component.cache_key}.staging"
-            if staging.exists():
-                shutil.rmtree(staging)
-            staging.mkdir(parents=True)
+            staging = fresh_staging(component.cache_key)
             runner.run(
                 [
                     "go",
@@ -436,9 +451,7 @@ def build(component: GoComponent, *, jobs: int = 2, report: Callable[[str], None
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
             (staging / _STAMP).write_text(json.dumps(record, indent=2) + "\n")
-            if target_dir.exists():
-                shutil.rmtree(target_dir)
-            staging.rename(target_dir)
+            publish(staging, target_dir)
         return read_record(component)
 
 

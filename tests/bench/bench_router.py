@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -62,7 +61,7 @@ from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker
 from cacheroute.router.plans import PlanStore
 from cacheroute.router.testing import PlanVolume, RouterProcess, start_router_process
-from cacheroute.sandbox.binaries import cache_root
+from cacheroute.sandbox.binaries import cache_entry_lock, cache_root, fresh_staging, publish
 from cacheroute.sandbox.envoy import Envoy, start_envoy
 from cacheroute.sandbox.process import ServerProcess, free_port, spawn, wait_until
 
@@ -201,30 +200,24 @@ def loadgen_binary() -> Path:
     for source in sorted(LOADGEN_SOURCES.iterdir()):
         if source.suffix == ".go" or source.name in ("go.mod", "go.sum"):
             digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
-    directory = cache_root() / f"loadgen-{digest.hexdigest()[:16]}"
-    binary = directory / "loadgen"
+    key = f"loadgen-{digest.hexdigest()[:16]}"
+    binary = cache_root() / key / "loadgen"
     if os.access(binary, os.X_OK):
         return binary
     if shutil.which("go") is None:
         raise RuntimeError(f"building {LOADGEN_SOURCES} needs Go on PATH (or set {LOADGEN_ENV} to a built loadgen)")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with (directory.parent / ".loadgen.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with cache_entry_lock(key) as directory:
         if os.access(binary, os.X_OK):
             return binary
-        # Built next to its final place, then renamed: a cache entry is complete or absent.
-        staging = directory.with_name(directory.name + ".staging")
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = fresh_staging(key)
         env = {**os.environ, "CGO_ENABLED": "0", "GOWORK": "off",
                "GOFLAGS": " ".join([os.environ.get("GOFLAGS", ""), "-trimpath", "-buildvcs=false", "-mod=readonly"])}
         print(f"    building the load generator from {LOADGEN_SOURCES} ...", flush=True)
         built = subprocess.run(["go", "build", "-o", str(staging / "loadgen"), "."], cwd=LOADGEN_SOURCES, env=env,
-                               check=False,
-                               capture_output=True, text=True, timeout=900)
+                               check=False, capture_output=True, text=True, timeout=900)
         if built.returncode != 0:
             raise RuntimeError(f"go build of the load generator failed:\n{built.stderr[-4000:]}")
-        shutil.rmtree(directory, ignore_errors=True)
-        staging.rename(directory)
+        publish(staging, directory)
     return binary
 
 
