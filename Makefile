@@ -39,7 +39,7 @@ crds: $(STAMP)
 
 bench: $(STAMP) sandbox-deps
 	@mkdir -p bench-results
-	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) -m tests.bench.$$(basename $$b .py); done
 
 ## Shadow replay of the paper's workload on 30 simulated H100 destinations: table, JSON and plots in demo/.
 demo: $(STAMP)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from cacheroute.planner.plan import PlanError
-from cacheroute.planner.planfile import HEADER_FILE, decode_plan, plan_version
+from cacheroute.planner.plan_format import HEADER_FILE, decode_plan, plan_version
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker

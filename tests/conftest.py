@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from cacheroute.sandbox import testing
 from cacheroute.sandbox.cluster import Sandbox
+from tests.support import sandbox as testing
 
 
 @pytest.fixture(scope="session")

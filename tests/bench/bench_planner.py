@@ -1,6 +1,6 @@
 """Planning time, memory, and the gain over a pure-Python implementation of the same algorithm.
 
-Cases (synthetic statistics from `cacheroute.planner.synthetic_stats`, top 4% of keys carry 47%
+Cases (synthetic statistics from `tests.support.synthetic_stats`, top 4% of keys carry 47%
 of requests; destinations of 450,000 KV tokens, warm budget `auto` = 60% of it):
 
 - paper: 128,824 keys onto 30 destinations (target <= 50 ms on one core);
@@ -40,11 +40,11 @@ import numpy as np
 from cacheroute.planner.keystats import KeyStats, key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
-from cacheroute.planner.planfile import encode_plan
+from cacheroute.planner.plan_format import encode_plan
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget
-from cacheroute.planner.synthetic_stats import SyntheticStatsSpec, synthetic_key_stats
 from cacheroute.planner.trace import NO_KEY, RequestTrace
+from tests.support.synthetic_stats import SyntheticStatsSpec, synthetic_key_stats
 
 RUNS = 7
 KV_TOKENS = 450_000

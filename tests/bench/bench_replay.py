@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from cacheroute.planner.mooncake import read_mooncake
-from cacheroute.planner.sim.capacity import CapacityResult, base_qps, find_capacity, replay_at
-from cacheroute.planner.sim.registry import BASELINES, CACHE_AWARE, make_policy
-from cacheroute.planner.sim.simulator import SimConfig, simulate
+from cacheroute.planner.replay.capacity import CapacityResult, base_qps, find_capacity, replay_at
+from cacheroute.planner.replay.registry import BASELINES, CACHE_AWARE, make_policy
+from cacheroute.planner.replay.simulator import SimConfig, simulate
 from cacheroute.planner.trace import RequestTrace
 from cacheroute.planner.workloads import generate, preset
 

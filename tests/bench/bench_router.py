@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from cacheroute.planner.plan import Destination, Plan
-from cacheroute.planner.planfile import encode_plan
+from cacheroute.planner.plan_format import encode_plan
 from cacheroute.router import eventloop
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.envoy import GatewayOptions, gateway_bootstrap
@@ -60,10 +60,10 @@ from cacheroute.router.extproc import SERVICE, Exchange, RouterCore
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker
 from cacheroute.router.plans import PlanStore
-from cacheroute.router.testing import PlanVolume, RouterProcess, start_router_process
 from cacheroute.sandbox.binaries import cache_entry_lock, cache_root, fresh_staging, publish
 from cacheroute.sandbox.envoy import Envoy, start_envoy
 from cacheroute.sandbox.process import ServerProcess, free_port, spawn, wait_until
+from tests.support.router import PlanVolume, RouterProcess, start_router_process
 
 ROUTES = 200_000
 DESTINATIONS = 30

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from cacheroute.operator.api_pool import InferencePoolSpec
-from cacheroute.operator.memory_profile import (
+from cacheroute.operator.api.pool import InferencePoolSpec
+from cacheroute.operator.fleet.profiling_job import (
     LABEL_PROFILE_KEY,
     ProfileCache,
     ProfileJobSpec,
@@ -22,7 +22,7 @@ from cacheroute.operator.memory_profile import (
 )
 from cacheroute.planner.memory import parse_vllm_log, plan_memory
 from cacheroute.sandbox import nodes
-from cacheroute.sandbox.testing import wait_for
+from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from cacheroute.router.envoy import GatewayOptions, gateway_bootstrap
-from cacheroute.router.testing import (
+from cacheroute.sandbox.process import free_port
+from tests.support.router import (
     Engine,
     Gateway,
     GatewayStarter,
@@ -24,8 +25,7 @@ from cacheroute.router.testing import (
     start_engine,
     start_router_process,
 )
-from cacheroute.sandbox.process import free_port
-from cacheroute.sandbox.testing import EnvoyStarter
+from tests.support.sandbox import EnvoyStarter
 
 _subnets = itertools.count()
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from cacheroute.planner.plan import KeyExtraction
-from cacheroute.router.testing import (
+from tests.support.router import (
     Engine,
     GatewayStarter,
     PlanVolume,

@@ -9,8 +9,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from cacheroute.planner.plan import affinity_key_hash
-from cacheroute.planner.planfile import encode_plan
-from cacheroute.router.testing import (
+from cacheroute.planner.plan_format import encode_plan
+from tests.support.router import (
     Engine,
     PlanVolume,
     RouterStarter,

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
-from cacheroute.planner.planfile import PlanPayload, encode_plan
-from cacheroute.router.testing import (
+from cacheroute.planner.plan_format import PlanPayload, encode_plan
+from cacheroute.sandbox.cluster import Sandbox
+from tests.support.router import (
     Engine,
     RouterStarter,
     await_condition,
@@ -18,7 +19,6 @@ from cacheroute.router.testing import (
     headers_request,
     make_plan,
 )
-from cacheroute.sandbox.cluster import Sandbox
 
 pytestmark = pytest.mark.integration
 

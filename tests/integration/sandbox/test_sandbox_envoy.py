@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from cacheroute.sandbox.process import free_port
-from cacheroute.sandbox.testing import EnvoyStarter
+from tests.support.sandbox import EnvoyStarter
 
 pytestmark = pytest.mark.integration
 

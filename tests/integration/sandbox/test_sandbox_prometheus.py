@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from cacheroute.sandbox.process import free_port
 from cacheroute.sandbox.prometheus import ScrapeJob
-from cacheroute.sandbox.testing import ScopedPrometheus
+from tests.support.sandbox import ScopedPrometheus
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from kubernetes import client
 from cacheroute.sandbox import nodes
 from cacheroute.sandbox.cluster import Sandbox
 from cacheroute.sandbox.pods import PodEndpoint, running_pods
-from cacheroute.sandbox.testing import wait_for
+from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 

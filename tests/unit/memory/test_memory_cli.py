@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from cacheroute.operator.cli_memory import register
+from cacheroute.operator.cli.memory import register
 from cacheroute.planner.memory import PRESET_CONFIGS
 
 runner = CliRunner()

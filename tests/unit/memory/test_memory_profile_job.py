@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cacheroute.operator.api_pool import InferencePoolSpec
-from cacheroute.operator.memory_profile import (
+from cacheroute.operator.api.pool import InferencePoolSpec
+from cacheroute.operator.fleet.profiling_job import (
     MAX_CACHE_DATA_BYTES,
     READINESS_THEN_EXIT,
     ProfileCache,
@@ -222,7 +222,7 @@ def test_status_and_pool_inputs() -> None:
 
 
 def test_plan_for_pool_follows_the_memory_mode() -> None:
-    from cacheroute.operator.memory_profile import plan_for_pool
+    from cacheroute.operator.fleet.profiling_job import plan_for_pool
 
     base = pool_spec().model_dump(by_alias=True)
     arch = resolve_architecture(pool_spec())

@@ -7,8 +7,8 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from cacheroute.operator.cli import app
-from cacheroute.operator.crdgen import MODELS, crd_file_name, render
+from cacheroute.operator.api.crdgen import MODELS, crd_file_name, render
+from cacheroute.operator.cli.main import app
 
 runner = CliRunner()
 

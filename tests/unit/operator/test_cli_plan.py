@@ -12,13 +12,13 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from cacheroute.operator.api_plan import AffinityPlan
-from cacheroute.operator.cli_plan import register
-from cacheroute.operator.manifests import parse_resource
-from cacheroute.operator.statsfile import format_stats_csv, parse_stats
+from cacheroute.operator.api.manifests import parse_resource
+from cacheroute.operator.api.plan import AffinityPlan
+from cacheroute.operator.cli.plan import register
+from cacheroute.operator.cli.statsfile import format_stats_csv, parse_stats
 from cacheroute.planner.plan import affinity_key_hash
-from cacheroute.planner.planfile import decode_plan
-from cacheroute.planner.synthetic_stats import SyntheticStatsSpec, synthetic_key_stats
+from cacheroute.planner.plan_format import decode_plan
+from tests.support.synthetic_stats import SyntheticStatsSpec, synthetic_key_stats
 
 TRACES = Path(os.environ.get("CACHEROUTE_TRACES_DIR", Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"))
 runner = CliRunner()

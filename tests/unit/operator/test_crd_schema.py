@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cacheroute.operator.api_plan import AffinityPlan
-from cacheroute.operator.api_pool import InferencePool
-from cacheroute.operator.crdgen import MODELS, crd, crd_file_name, render
+from cacheroute.operator.api.crdgen import MODELS, crd, crd_file_name, render
+from cacheroute.operator.api.plan import AffinityPlan
+from cacheroute.operator.api.pool import InferencePool
 
 REPO = Path(__file__).resolve().parents[3]
 FORBIDDEN = {

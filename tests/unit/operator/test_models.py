@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from cacheroute.operator.api_common import parse_duration
-from cacheroute.operator.api_plan import AffinityPlan
-from cacheroute.operator.api_pool import InferencePool
-from cacheroute.operator.manifests import ManifestError, field_errors, load_manifests, parse_resource
+from cacheroute.operator.api.common import parse_duration
+from cacheroute.operator.api.manifests import ManifestError, field_errors, load_manifests, parse_resource
+from cacheroute.operator.api.plan import AffinityPlan
+from cacheroute.operator.api.pool import InferencePool
 
 POOL = {
     "apiVersion": "cacheroute.dev/v1alpha1",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from cacheroute.planner.plan import Destination
-from cacheroute.planner.planfile import decode_plan, encode_plan
+from cacheroute.planner.plan_format import decode_plan, encode_plan
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget
-from cacheroute.planner.synthetic_stats import SyntheticStatsSpec, synthetic_key_stats
+from tests.support.synthetic_stats import SyntheticStatsSpec, synthetic_key_stats
 
 # The API server refuses a ConfigMap whose data and binaryData hold more than 1 MiB.
 CONFIGMAP_LIMIT = 1 << 20

@@ -9,10 +9,10 @@ from cacheroute.planner.errors import PlanInputError
 from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
-from cacheroute.planner.planfile import decode_plan, encode_plan
+from cacheroute.planner.plan_format import decode_plan, encode_plan
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget, Stability
-from cacheroute.planner.synthetic_stats import SyntheticStatsSpec, synthetic_key_stats
+from tests.support.synthetic_stats import SyntheticStatsSpec, synthetic_key_stats
 
 UNIT = CostModel(prefill_s_per_token=1e-3, decode_s_per_token=0.0)
 

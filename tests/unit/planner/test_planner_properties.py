@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan, affinity_key_hash
-from cacheroute.planner.planfile import encode_plan
+from cacheroute.planner.plan_format import encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
 from cacheroute.planner.settings import Budget, Stability
 

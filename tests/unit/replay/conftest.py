@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from cacheroute.planner.sim.profile import EngineProfile
+from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 
 TraceBuilder = Callable[..., RequestTrace]

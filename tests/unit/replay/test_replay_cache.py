@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cacheroute.planner.sim.cache import PrefixCache
+from cacheroute.planner.replay.cache import PrefixCache
 
 
 def test_hit_counts_only_the_contiguous_prefix() -> None:

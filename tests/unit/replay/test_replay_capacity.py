@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
-from cacheroute.planner.sim.capacity import find_capacity, replay_at
-from cacheroute.planner.sim.guard import GuardSettings, guard
-from cacheroute.planner.sim.policies import PowerOfTwo
-from cacheroute.planner.sim.simulator import SimConfig, destination_ids
+from cacheroute.planner.replay.capacity import find_capacity, replay_at
+from cacheroute.planner.replay.guard import GuardSettings, guard
+from cacheroute.planner.replay.policies import PowerOfTwo
+from cacheroute.planner.replay.simulator import SimConfig, destination_ids
 from cacheroute.planner.workloads import WorkloadSpec, generate
 
 
@@ -68,7 +68,7 @@ def test_guard_passes_a_plan_that_spreads_keys_with_affinity(workload) -> None:
 
 def test_a_window_built_from_key_statistics_has_their_traffic() -> None:
     from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
-    from cacheroute.planner.sim.window import window_from_stats
+    from cacheroute.planner.replay.window import window_from_stats
 
     stats = KeyStats(
         names=("alice", "bob"), rate=np.array([2.0, 0.5]), prompt_tokens=np.array([3000.0, 1000.0]),
@@ -90,7 +90,7 @@ def test_a_window_built_from_key_statistics_has_their_traffic() -> None:
 
 def test_guard_from_statistics_prefers_affinity_for_a_reusable_key() -> None:
     from cacheroute.planner.keystats import KeyStats
-    from cacheroute.planner.sim.guard import guard_from_stats
+    from cacheroute.planner.replay.guard import guard_from_stats
 
     # 200 keys x 5,500 prefix tokens: far more than one destination's KV, a quarter fits on each.
     names = tuple(f"tenant-{i}" for i in range(200))

@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cacheroute.operator.cli_replay import register
+from cacheroute.operator.cli.replay import register
 
 TRACES = Path(os.environ.get("CACHEROUTE_TRACES_DIR", Path(__file__).resolve().parents[3] / ".." / "shared" / "traces"))
 ARXIV = TRACES / "mooncake_arxiv_trace_first1000.jsonl"

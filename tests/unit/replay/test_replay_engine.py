@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from cacheroute.planner.sim.metrics import summarize
-from cacheroute.planner.sim.policies import PowerOfTwo, RandomChoice, RoundRobin
-from cacheroute.planner.sim.simulator import SimConfig, simulate
+from cacheroute.planner.replay.metrics import summarize
+from cacheroute.planner.replay.policies import PowerOfTwo, RandomChoice, RoundRobin
+from cacheroute.planner.replay.simulator import SimConfig, simulate
 from cacheroute.planner.workloads import WorkloadSpec, generate
 
 
@@ -92,7 +92,7 @@ def small_workload():
 
 
 def test_every_request_finishes_exactly_once(small_workload) -> None:
-    from cacheroute.planner.sim.profile import DEFAULT_PROFILE
+    from cacheroute.planner.replay.hardware import DEFAULT_PROFILE
 
     r = simulate(small_workload, PowerOfTwo(), SimConfig(destinations=3, profile=DEFAULT_PROFILE))
     n = len(small_workload)

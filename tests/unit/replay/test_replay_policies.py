@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from cacheroute.planner.plan import Destination, plan_from_routes
-from cacheroute.planner.sim.engine import Engine, RequestTable
-from cacheroute.planner.sim.planned import CacheRoute, Planned, PlannerSettings
-from cacheroute.planner.sim.policies import BoundedConsistentHash, PowerOfTwo, StickyHash
-from cacheroute.planner.sim.prefix_policies import GiePrefixScorer, Preble, PrefixTree
-from cacheroute.planner.sim.profile import DEFAULT_PROFILE
-from cacheroute.planner.sim.router import Policy, RouterView
-from cacheroute.planner.sim.simulator import SimConfig, destination_ids, simulate
+from cacheroute.planner.replay.engine import Engine, RequestTable
+from cacheroute.planner.replay.hardware import DEFAULT_PROFILE
+from cacheroute.planner.replay.planned import CacheRoute, Planned, PlannerSettings
+from cacheroute.planner.replay.policies import BoundedConsistentHash, PowerOfTwo, StickyHash
+from cacheroute.planner.replay.policy import Policy, RouterView
+from cacheroute.planner.replay.prefix_policies import GiePrefixScorer, Preble, PrefixTree
+from cacheroute.planner.replay.simulator import SimConfig, destination_ids, simulate
 from cacheroute.planner.trace import RequestTrace
 
 

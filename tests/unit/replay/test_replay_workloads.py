@@ -77,9 +77,9 @@ def test_infeasible_specs_are_refused_with_the_reason() -> None:
 
 @pytest.mark.slow
 def test_cacheroute_paper_preset_matches_the_report() -> None:
-    from cacheroute.planner.sim.metrics import summarize
-    from cacheroute.planner.sim.policies import RoundRobin
-    from cacheroute.planner.sim.simulator import SimConfig, simulate
+    from cacheroute.planner.replay.metrics import summarize
+    from cacheroute.planner.replay.policies import RoundRobin
+    from cacheroute.planner.replay.simulator import SimConfig, simulate
 
     w = generate(PRESETS["cacheroute-paper"])
     st = w.stats()
@@ -100,9 +100,9 @@ def test_cacheroute_paper_preset_matches_the_report() -> None:
 
 @pytest.mark.slow
 def test_low_reuse_preset_lets_affinity_lift_kv_hit_only_to_about_twelve_percent() -> None:
-    from cacheroute.planner.sim.metrics import summarize
-    from cacheroute.planner.sim.policies import PowerOfTwo, StickyHash
-    from cacheroute.planner.sim.simulator import SimConfig, simulate
+    from cacheroute.planner.replay.metrics import summarize
+    from cacheroute.planner.replay.policies import PowerOfTwo, StickyHash
+    from cacheroute.planner.replay.simulator import SimConfig, simulate
 
     w = generate(PRESETS["low-reuse"])
     tr = w.trace.window(0.0, 300.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cacheroute.planner.plan import Destination, Plan, affinity_key_hash, plan_from_routes
-from cacheroute.planner.planfile import encode_plan
+from cacheroute.planner.plan_format import encode_plan
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cacheroute.planner.plan import Destination, Plan
-from cacheroute.planner.planfile import decode_plan, encode_plan
+from cacheroute.planner.plan_format import decode_plan, encode_plan
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.table import build_table, resolve_groups
 

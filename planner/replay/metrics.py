@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cacheroute.planner.sim.simulator import SimResult
+from cacheroute.planner.replay.simulator import SimResult
 
 
 def _pct(x: npt.NDArray[np.float64], q: float) -> float:

@@ -29,7 +29,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.planner.plan import Destination, KeyExtraction, Plan, affinity_key_hash, plan_from_routes
-from cacheroute.planner.planfile import encode_plan
+from cacheroute.planner.plan_format import encode_plan
 from cacheroute.sandbox.process import ServerProcess, free_port, spawn, wait_until
 
 # --- engines ---------------------------------------------------------------------------------------

@@ -16,14 +16,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from cacheroute.operator.api_plan import MAX_DESTINATIONS_PER_KEY, MAX_PINNED, AffinityPlan
-from cacheroute.operator.manifests import field_errors
-from cacheroute.operator.statsfile import COLUMNS, StatsFileError, read_stats
+from cacheroute.operator.api.manifests import field_errors
+from cacheroute.operator.api.plan import MAX_DESTINATIONS_PER_KEY, MAX_PINNED, AffinityPlan
+from cacheroute.operator.cli.statsfile import COLUMNS, StatsFileError, read_stats
 from cacheroute.planner.errors import PlanInputError
 from cacheroute.planner.keystats import KeyStats, key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan, PlanError
-from cacheroute.planner.planfile import PlanPayload, decode_plan, encode_plan
+from cacheroute.planner.plan_format import PlanPayload, decode_plan, encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
 from cacheroute.planner.settings import Budget, Stability
 

@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import ClassVar
 
-from cacheroute.planner.sim.router import Policy, RouterView
+from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.trace import NO_KEY
 
 

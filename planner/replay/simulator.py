@@ -16,9 +16,9 @@ from heapq import heappop, heappush
 import numpy as np
 import numpy.typing as npt
 
-from cacheroute.planner.sim.engine import IDLE, Engine, RequestTable
-from cacheroute.planner.sim.profile import DEFAULT_PROFILE, EngineProfile
-from cacheroute.planner.sim.router import Policy, RouterView
+from cacheroute.planner.replay.engine import IDLE, Engine, RequestTable
+from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
+from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.trace import RequestTrace
 
 DEFAULT_POOL = "pool"

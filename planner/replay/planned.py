@@ -32,8 +32,8 @@ from cacheroute.planner.keystats import key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan
 from cacheroute.planner.planning import compute_plan
+from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.settings import Budget, Stability
-from cacheroute.planner.sim.router import Policy, RouterView
 from cacheroute.planner.trace import NO_KEY
 
 DEFAULT_CONTROL_PERIOD_S = 60.0
@@ -269,7 +269,7 @@ class CacheRoute(Planned):
         self._previous = candidate
         keys = np.unique(win.key[win.key != NO_KEY])
         if self.guard_settings is not None:
-            from cacheroute.planner.sim.guard import GuardSettings, guard
+            from cacheroute.planner.replay.guard import GuardSettings, guard
 
             assert isinstance(self.guard_settings, GuardSettings)
             recent = trace.window(max(now - self.guard_settings.window_s, float(trace.arrival_s[0])), now)

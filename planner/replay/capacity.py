@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from cacheroute.planner.sim.metrics import ReplayMetrics, summarize
-from cacheroute.planner.sim.router import Policy
-from cacheroute.planner.sim.simulator import SimConfig, simulate
+from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
+from cacheroute.planner.replay.policy import Policy
+from cacheroute.planner.replay.simulator import SimConfig, simulate
 from cacheroute.planner.trace import RequestTrace
 
 DEFAULT_SLO_P99_TTFT_S = 3.5

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,9 +10,14 @@ import typer
 import yaml
 from rich.console import Console
 
-from cacheroute.operator.crdgen import MODELS, crd_file_name, render, write_crds
-from cacheroute.operator.manifests import ManifestError, documents, parse_resource
+from cacheroute.operator.api.crdgen import MODELS, crd_file_name, render, write_crds
+from cacheroute.operator.api.manifests import ManifestError, documents, parse_resource
+from cacheroute.operator.cli import memory as memory_commands
+from cacheroute.operator.cli import plan as plan_commands
+from cacheroute.operator.cli import replay as replay_commands
 from cacheroute.operator.version import package_version
+from cacheroute.router.cli import app as router_app
+from cacheroute.sandbox.cli import app as sandbox_app
 
 app = typer.Typer(
     name="cacheroute",
@@ -24,16 +28,6 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True)
-
-# Commands contributed by other modules: (module, kind) where kind "register" means a
-# `register(app)` function and anything else is the name of a sub-command group.
-_EXTENSIONS: tuple[tuple[str, str], ...] = (
-    ("cacheroute.operator.cli_plan", "register"),
-    ("cacheroute.operator.cli_replay", "register"),
-    ("cacheroute.operator.cli_memory", "register"),
-    ("cacheroute.router.cli", "router"),
-    ("cacheroute.sandbox.cli", "sandbox"),
-)
 
 
 @app.command()
@@ -93,16 +87,12 @@ def validate(
         raise typer.Exit(1)
 
 
-def _register_extensions() -> None:
-    for module_name, kind in _EXTENSIONS:
-        module = importlib.import_module(module_name)
-        if kind == "register":
-            module.register(app)
-        else:
-            app.add_typer(module.app, name=kind)
-
-
-_register_extensions()
+# Sub-commands of the other components, imported explicitly so that every tool following imports
+# sees the links (and the import contracts in pyproject.toml can check them).
+for _commands in (plan_commands, replay_commands, memory_commands):
+    _commands.register(app)
+app.add_typer(router_app, name="router")
+app.add_typer(sandbox_app, name="sandbox")
 
 
 def main() -> None:

@@ -15,12 +15,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cacheroute.planner.mooncake import TraceFormatError, infer_threads, parse_key_spec, read_mooncake
-from cacheroute.planner.sim.capacity import DEFAULT_SLO_P99_TTFT_S, CapacityResult, Probe, base_qps, find_capacity
-from cacheroute.planner.sim.metrics import ReplayMetrics, summarize
-from cacheroute.planner.sim.planned import DEFAULT_CONTROL_PERIOD_S, DEFAULT_WINDOW_S, PlannerSettings
-from cacheroute.planner.sim.profile import DEFAULT_PROFILE, PROFILES, get_profile
-from cacheroute.planner.sim.registry import POLICIES, make_policy, policy_names
-from cacheroute.planner.sim.simulator import SimConfig, simulate
+from cacheroute.planner.replay.capacity import DEFAULT_SLO_P99_TTFT_S, CapacityResult, Probe, base_qps, find_capacity
+from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, PROFILES, get_profile
+from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
+from cacheroute.planner.replay.planned import DEFAULT_CONTROL_PERIOD_S, DEFAULT_WINDOW_S, PlannerSettings
+from cacheroute.planner.replay.registry import POLICIES, make_policy, policy_names
+from cacheroute.planner.replay.simulator import SimConfig, simulate
 from cacheroute.planner.trace import RequestTrace
 from cacheroute.planner.tracestats import TraceStats, trace_stats
 from cacheroute.planner.workloads import PRESETS, generate, preset

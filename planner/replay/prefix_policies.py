@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import ClassVar
 
-from cacheroute.planner.sim.router import Policy, RouterView
+from cacheroute.planner.replay.policy import Policy, RouterView
 
 # SGLang's tree counts characters; Mooncake-style token counts convert at ~4 characters per token
 # (the same ratio GIE's hashing assumes).

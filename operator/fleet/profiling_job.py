@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cacheroute.operator.api_pool import InferencePoolSpec, MemoryPlanStatus
+from cacheroute.operator.api.pool import InferencePoolSpec, MemoryPlanStatus
 from cacheroute.planner.memory import (
     GPUS,
     MemoryPlan,

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Plan
-from cacheroute.planner.sim.metrics import ReplayMetrics, summarize
-from cacheroute.planner.sim.planned import Planned
-from cacheroute.planner.sim.policies import PowerOfTwo
-from cacheroute.planner.sim.profile import DEFAULT_PROFILE, EngineProfile
-from cacheroute.planner.sim.simulator import SimConfig, simulate
-from cacheroute.planner.sim.window import window_from_stats
+from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
+from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
+from cacheroute.planner.replay.planned import Planned
+from cacheroute.planner.replay.policies import PowerOfTwo
+from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.window import window_from_stats
 from cacheroute.planner.trace import RequestTrace
 
 

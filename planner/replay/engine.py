@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from heapq import heappop, heappush
 
-from cacheroute.planner.sim.cache import PrefixCache
-from cacheroute.planner.sim.profile import EngineProfile
+from cacheroute.planner.replay.cache import PrefixCache
+from cacheroute.planner.replay.hardware import EngineProfile
 
 IDLE = 0
 PREFILL = 1

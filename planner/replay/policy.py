@@ -17,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from cacheroute.planner.plan import affinity_key_hash
-from cacheroute.planner.sim.engine import Engine, RequestTable
-from cacheroute.planner.sim.profile import EngineProfile
+from cacheroute.planner.replay.engine import Engine, RequestTable
+from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.trace import RequestTrace
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from cacheroute.planner.sim.guard import GuardSettings
-from cacheroute.planner.sim.planned import CacheRoute, PlannerSettings
-from cacheroute.planner.sim.policies import (
+from cacheroute.planner.replay.guard import GuardSettings
+from cacheroute.planner.replay.planned import CacheRoute, PlannerSettings
+from cacheroute.planner.replay.policies import (
     BoundedConsistentHash,
     LeastLoaded,
     PowerOfTwo,
@@ -15,8 +15,8 @@ from cacheroute.planner.sim.policies import (
     RoundRobin,
     StickyHash,
 )
-from cacheroute.planner.sim.prefix_policies import GiePrefixScorer, Preble, PrefixTree
-from cacheroute.planner.sim.router import Policy
+from cacheroute.planner.replay.policy import Policy
+from cacheroute.planner.replay.prefix_policies import GiePrefixScorer, Preble, PrefixTree
 
 PolicyFactory = Callable[[], Policy]
 

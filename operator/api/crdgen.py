@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from cacheroute.operator.api_common import GROUP, VERSION
-from cacheroute.operator.api_plan import AffinityPlan
-from cacheroute.operator.api_pool import InferencePool
+from cacheroute.operator.api.common import GROUP, VERSION
+from cacheroute.operator.api.plan import AffinityPlan
+from cacheroute.operator.api.pool import InferencePool
 
 MODELS: tuple[type[InferencePool] | type[AffinityPlan], ...] = (InferencePool, AffinityPlan)
 _DROP_KEYS = {"title", "additionalProperties", "examples", "$defs", "uniqueItems"}

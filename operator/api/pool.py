@@ -6,7 +6,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from cacheroute.operator.api_common import (
+from cacheroute.operator.api.common import (
     API_VERSION,
     CONDITIONS_FIELD,
     ApiModel,

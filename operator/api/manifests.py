@@ -8,9 +8,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cacheroute.operator.api_common import API_VERSION
-from cacheroute.operator.api_plan import AffinityPlan
-from cacheroute.operator.api_pool import InferencePool
+from cacheroute.operator.api.common import API_VERSION
+from cacheroute.operator.api.plan import AffinityPlan
+from cacheroute.operator.api.pool import InferencePool
 
 KINDS: dict[str, type[InferencePool] | type[AffinityPlan]] = {
     "InferencePool": InferencePool,

@@ -1,0 +1,1 @@
+"""Test support: fixtures and helpers shared by tests and benchmarks; never imported by runtime code."""
