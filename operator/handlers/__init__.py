@@ -1,0 +1,1 @@
+"""kopf handlers, thin: each calls into the module that holds its concern."""

@@ -1,0 +1,133 @@
+"""Auto mode end to end: router and vLLM metrics in the sandbox Prometheus, the operator plans,
+publishes the plan ConfigMap, and a router reading that ConfigMap follows it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from cacheroute.planner.plan import Destination, KeyExtraction, affinity_key_hash
+from cacheroute.planner.planning import compute_plan
+from cacheroute.planner.settings import Budget, Stability
+from cacheroute.sandbox.cluster import Sandbox
+from tests.support.control import (
+    condition,
+    create_plan,
+    create_pool,
+    expected_stats,
+    get_plan,
+    plan_files,
+    plan_manifest,
+    published_plan,
+    zipf_traffic,
+)
+from tests.support.router import PlanVolume, destination, exchange, headers_request, start_router_process
+from tests.support.sandbox import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+
+POOL = "llama"
+KV = 200_000
+WINDOW = 10
+
+
+def wait_for_window(prometheus_url: str, namespace: str, keys: int) -> None:
+    """Until Prometheus holds a whole window of every key's requests."""
+    import httpx
+
+    query = f'count(count_over_time(cacheroute_router_key_requests_total{{namespace="{namespace}"}}[{WINDOW}s]) >= {WINDOW - 1})'
+
+    def full() -> bool:
+        body = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
+        result = body["data"]["result"]
+        return bool(result) and int(float(result[0]["value"][1])) >= keys
+
+    wait_for(full, timeout=60, what=f"a full {WINDOW}s window of router metrics", interval=0.5)
+
+
+def test_auto_publishes_the_planners_plan_and_the_router_follows_it(
+    sandbox: Sandbox, kube_api: Any, namespace: str, fleet_metrics: Any, engines: Any, operator: Any, tmp_path: Path
+) -> None:
+    traffic = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    fleet = fleet_metrics(namespace, POOL, routers=2, engines=2)
+    fleet.set_traffic(traffic)
+    create_pool(kube_api, namespace, POOL, [(e.address, True) for e in engines], KV)
+    prom = sandbox.prometheus.url
+    wait_for_window(prom, namespace, len(traffic.keys) + 2)
+    operator(namespace, prometheus_url=prom)
+    # One period only (the first one runs at once), so the plan in the ConfigMap is that period's.
+    create_plan(kube_api, namespace, plan_manifest("llama", POOL, controlPeriod="1h", metricsWindow=f"{WINDOW}s"))
+
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
+             timeout=90, what="Applied=True")
+    obj = get_plan(kube_api, namespace, "llama")
+    status = obj["status"]
+    published = published_plan(kube_api, namespace, POOL)
+    assert published is not None
+    assert status["planVersion"] == status["candidateVersion"]
+    assert condition(obj, "Applied")["reason"] == "PlanApplied"
+    assert condition(obj, "Ready")["status"] == "True"
+    assert condition(obj, "MetricsAvailable")["status"] == "True"
+    assert condition(obj, "Degraded")["status"] == "False"
+
+    # The same statistics, read from Prometheus at the period's instant, give the same routes.
+    at = int(datetime.fromisoformat(published.generated_at.replace("Z", "+00:00")).timestamp())
+    stats = expected_stats(prom, namespace, WINDOW, at)
+    assert len(stats) == len(traffic.keys)
+    dests = [Destination(f"{POOL}-{i}", e.address, 1.0, KV) for i, e in enumerate(engines)]
+    expected = compute_plan(
+        stats, dests, pool=POOL, budget=Budget(), stability=Stability(), generated_at=published.generated_at,
+        key_extraction=KeyExtraction(), spill_threshold=1.5,
+    ).plan
+    assert len(expected) > 0
+    assert published.routes() == expected.routes()
+    assert [(d.id, d.address, d.kv_capacity_tokens) for d in published.destinations] == [
+        (d.id, d.address, KV) for d in dests
+    ]
+
+    # Status figures of that plan.
+    assert status["admittedKeys"] == len(published)
+    assert 0 < status["coveredRequestShare"] <= 1
+    assert status["churn"] == 0
+    assert 0 <= status["predictedKvHit"] <= 1 and status["predictedP99TtftSeconds"] > 0
+    assert status["observedKvHit"] == pytest.approx(traffic.kv_hit, abs=0.05)
+    assert status["lastPeriodTime"] == published.generated_at
+
+    # Keys never appear in clear in the ConfigMaps.
+    blob = b"".join(plan_files(kube_api, namespace, POOL).values())
+    assert traffic.keys[0].key.encode() not in blob
+
+    # A router mounted on that ConfigMap routes a planned key to its planned destination.
+    volume = PlanVolume(tmp_path / "plan")
+    volume.publish_files(plan_files(kube_api, namespace, POOL))
+    router = start_router_process(
+        ["--plan-dir", str(volume.path), "--scrape-interval", "0.2"], log=tmp_path / "router.log"
+    )
+    try:
+        planned = [k.key for k in traffic.keys if published.destinations_of(affinity_key_hash(k.key))]
+        assert planned
+        for key in planned[:3]:
+            ids = set(published.destinations_of(affinity_key_hash(key)))
+            addresses = {d.address for d in published.destinations if d.id in ids}
+            header, _ = destination(exchange(router, headers_request(key)))
+            assert header in addresses
+    finally:
+        router.stop()
+
+    # Deleting the AffinityPlan stops its loop: kopf removes its finalizer and the object goes.
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "llama"
+    )
+
+    def gone() -> bool:
+        try:
+            get_plan(kube_api, namespace, "llama")
+        except client.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, timeout=60, what="the AffinityPlan to be deleted")
