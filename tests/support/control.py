@@ -366,6 +366,115 @@ def published_plan(api_client: Any, namespace: str, pool: str) -> Plan | None:
     return decode_plan(files) if files else None
 
 
+def events(api_client: Any, namespace: str, reason: str) -> list[Any]:
+    """Events of `reason` in the namespace."""
+    from kubernetes import client
+
+    return [e for e in client.CoreV1Api(api_client).list_namespaced_event(namespace).items if e.reason == reason]
+
+
+def wait_for_window(prometheus_url: str, namespace: str, keys: int, window_s: int, timeout: float = 60.0) -> None:
+    """Until Prometheus holds a whole window of `keys` per-key request series of the namespace."""
+    query = (
+        f'count(count_over_time(cacheroute_router_key_requests_total{{namespace="{namespace}"}}[{window_s}s])'
+        f" >= {window_s - 1})"
+    )
+
+    def full() -> bool:
+        body = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
+        result = body["data"]["result"]
+        return bool(result) and int(float(result[0]["value"][1])) >= keys
+
+    wait_until(full, timeout=timeout, what=f"a full {window_s}s window of router metrics", interval=0.5)
+
+
+def wait_for_quiet_keys(prometheus_url: str, namespace: str, keys: Sequence[str], window_s: int) -> None:
+    """Until the window no longer holds requests of `keys` (clear keys; their traffic stopped)."""
+    labels = "|".join(key_label(k) for k in keys)
+    query = (
+        f'sum(increase(cacheroute_router_key_requests_total{{namespace="{namespace}",key=~"{labels}"}}'
+        f"[{window_s}s]))"
+    )
+
+    def quiet() -> bool:
+        body = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
+        result = body["data"]["result"]
+        return bool(result) and float(result[0]["value"][1]) == 0.0
+
+    wait_until(quiet, timeout=window_s + 60, what=f"a {window_s}s window without the old keys", interval=0.5)
+
+
+def wait_for_period_after(api_client: Any, namespace: str, name: str, after: str | None, timeout: float = 60) -> dict[
+    str, Any
+]:
+    """The AffinityPlan once its status records a period later than `after` (an RFC 3339 time)."""
+    found: dict[str, Any] = {}
+
+    def later() -> bool:
+        obj = get_plan(api_client, namespace, name)
+        last = (obj.get("status") or {}).get("lastPeriodTime")
+        if last and (after is None or last > after):
+            found.update(obj)
+            return True
+        return False
+
+    wait_until(later, timeout=timeout, what=f"a control period of {name} after {after}", interval=0.2)
+    return found
+
+
+# --- a Prometheus of its own -----------------------------------------------------------------------
+
+
+class DedicatedPrometheus:
+    """A Prometheus process for one test, which the test may stop, pause and start again."""
+
+    def __init__(self, workdir: Path, jobs: Sequence[ScrapeJob]) -> None:
+        from cacheroute.sandbox.binaries import locate
+        from cacheroute.sandbox.prometheus import base_config
+
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.binary = locate("prometheus").path
+        self.config = workdir / "prometheus.yml"
+        workdir.mkdir(parents=True, exist_ok=True)
+        document = base_config(f"127.0.0.1:{self.port}")
+        document["scrape_configs"] += [job.to_config() for job in jobs]
+        import yaml
+
+        self.config.write_text(yaml.safe_dump(document, sort_keys=False))
+        self.process: ServerProcess | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        from cacheroute.sandbox.prometheus import command_line
+
+        argv = command_line(self.binary, config=self.config, data=self.workdir / "data", port=self.port)
+        self.process = spawn("prometheus", argv, log=self.workdir / f"prometheus-{self.starts}.log", detach=False)
+        self.starts += 1
+        wait_until(
+            lambda: httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200,
+            timeout=60,
+            what="the dedicated Prometheus to be ready",
+            process=self.process,
+        )
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.resume()
+            self.process.stop()
+            self.process = None
+
+    def pause(self) -> None:
+        """SIGSTOP: connections are accepted by the kernel but never answered (a hung server)."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.alive():
+            os.kill(self.process.pid, signal.SIGCONT)
+
+
 # --- the operator ----------------------------------------------------------------------------------
 
 

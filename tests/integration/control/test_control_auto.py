@@ -23,6 +23,7 @@ from tests.support.control import (
     plan_files,
     plan_manifest,
     published_plan,
+    wait_for_window,
     zipf_traffic,
 )
 from tests.support.router import PlanVolume, destination, exchange, headers_request, start_router_process
@@ -35,20 +36,6 @@ KV = 200_000
 WINDOW = 10
 
 
-def wait_for_window(prometheus_url: str, namespace: str, keys: int) -> None:
-    """Until Prometheus holds a whole window of every key's requests."""
-    import httpx
-
-    query = f'count(count_over_time(cacheroute_router_key_requests_total{{namespace="{namespace}"}}[{WINDOW}s]) >= {WINDOW - 1})'
-
-    def full() -> bool:
-        body = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
-        result = body["data"]["result"]
-        return bool(result) and int(float(result[0]["value"][1])) >= keys
-
-    wait_for(full, timeout=60, what=f"a full {WINDOW}s window of router metrics", interval=0.5)
-
-
 def test_auto_publishes_the_planners_plan_and_the_router_follows_it(
     sandbox: Sandbox, kube_api: Any, namespace: str, fleet_metrics: Any, engines: Any, operator: Any, tmp_path: Path
 ) -> None:
@@ -57,7 +44,7 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(
     fleet.set_traffic(traffic)
     create_pool(kube_api, namespace, POOL, [(e.address, True) for e in engines], KV)
     prom = sandbox.prometheus.url
-    wait_for_window(prom, namespace, len(traffic.keys) + 2)
+    wait_for_window(prom, namespace, len(traffic.keys) + 2, WINDOW)
     operator(namespace, prometheus_url=prom)
     # One period only (the first one runs at once), so the plan in the ConfigMap is that period's.
     create_plan(kube_api, namespace, plan_manifest("llama", POOL, controlPeriod="1h", metricsWindow=f"{WINDOW}s"))

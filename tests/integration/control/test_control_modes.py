@@ -1,0 +1,102 @@
+"""Shadow plans and reports without touching the plan ConfigMap; Manual publishes exactly the
+pinned routes, keys hashed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from cacheroute.planner.plan import affinity_key_hash
+from cacheroute.sandbox.cluster import Sandbox
+from tests.support.control import (
+    condition,
+    create_plan,
+    create_pool,
+    events,
+    get_plan,
+    plan_files,
+    plan_manifest,
+    published_plan,
+    wait_for_period_after,
+    wait_for_window,
+    zipf_traffic,
+)
+from tests.support.sandbox import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+
+KV = 200_000
+WINDOW = 10
+
+
+def test_shadow_fills_status_and_never_writes_the_configmap(
+    sandbox: Sandbox, kube_api: Any, namespace: str, fleet_metrics: Any, engines: Any, operator: Any
+) -> None:
+    traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    fleet_metrics(namespace, "qwen").set_traffic(traffic)
+    create_pool(kube_api, namespace, "qwen", [(e.address, True) for e in engines], KV)
+    wait_for_window(sandbox.prometheus.url, namespace, len(traffic.keys) + 2, WINDOW)
+    operator(namespace, prometheus_url=sandbox.prometheus.url)
+    create_plan(kube_api, namespace, plan_manifest("qwen", "qwen", mode="Shadow", controlPeriod="2s",
+                                                    metricsWindow=f"{WINDOW}s"))
+
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "qwen"), "Applied").get("reason") == "ShadowMode",
+             timeout=90, what="a Shadow period")
+    first = get_plan(kube_api, namespace, "qwen")
+    # Two more periods: still reporting, still nothing written.
+    later = wait_for_period_after(kube_api, namespace, "qwen", first["status"]["lastPeriodTime"])
+    later = wait_for_period_after(kube_api, namespace, "qwen", later["status"]["lastPeriodTime"])
+    status = later["status"]
+    assert plan_files(kube_api, namespace, "qwen") == {}
+    names = [cm.metadata.name for cm in client.CoreV1Api(kube_api).list_namespaced_config_map(namespace).items]
+    assert not [n for n in names if n.startswith("qwen-plan")]
+    assert "planVersion" not in status
+    assert len(status["candidateVersion"]) == 16
+    assert status["admittedKeys"] > 0
+    assert 0 < status["coveredRequestShare"] <= 1
+    assert 0 <= status["predictedKvHit"] <= 1 and status["predictedP99TtftSeconds"] > 0
+    assert status["observedKvHit"] == pytest.approx(traffic.kv_hit, abs=0.05)
+    applied = condition(later, "Applied")
+    assert applied["status"] == "False" and "would apply" in applied["message"]
+    assert condition(later, "Ready")["reason"] == "ShadowReporting"
+    assert condition(later, "Planned")["status"] == "True"
+    assert events(kube_api, namespace, "ShadowPlanned")
+
+
+def test_manual_publishes_exactly_the_pinned_routes(
+    sandbox: Sandbox, kube_api: Any, namespace: str, engines: Any, operator: Any
+) -> None:
+    # llama-1 is not ready: pinned routes are honoured all the same (the router spills meanwhile).
+    create_pool(kube_api, namespace, "llama", [(engines[0].address, True), (engines[1].address, False)], KV)
+    operator(namespace, prometheus_url=sandbox.prometheus.url)
+    pinned = [
+        {"key": "tenant-a/system-prompt", "destinations": ["llama-1"]},
+        {"key": "tenant-b", "destinations": ["llama-0", "llama-1"]},
+    ]
+    create_plan(kube_api, namespace, plan_manifest("pins", "llama", mode="Manual", controlPeriod="2s", pinned=pinned))
+
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Applied").get("status") == "True",
+             timeout=90, what="Applied=True")
+    obj = get_plan(kube_api, namespace, "pins")
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None
+    assert plan.routes() == {affinity_key_hash(p["key"]): tuple(p["destinations"]) for p in pinned}
+    assert obj["status"]["planVersion"] == obj["status"]["candidateVersion"]
+    assert obj["status"]["admittedKeys"] == 2
+    assert condition(obj, "Planned")["reason"] == "PinnedRoutes"
+    blob = b"".join(plan_files(kube_api, namespace, "llama").values())
+    assert b"tenant-a" not in blob and b"tenant-b" not in blob
+
+    # A pinned route naming a destination the pool does not have is refused; the plan stays.
+    version = obj["status"]["planVersion"]
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "pins",
+        {"spec": {"pinned": [{"key": "tenant-c", "destinations": ["llama-7"]}]}},
+    )
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Planned").get("reason") == "InvalidPinned",
+             timeout=60, what="Planned=False InvalidPinned")
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None and plan.routes() == {affinity_key_hash(p["key"]): tuple(p["destinations"]) for p in pinned}
+    assert get_plan(kube_api, namespace, "pins")["status"]["planVersion"] == version
