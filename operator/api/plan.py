@@ -65,7 +65,9 @@ class GuardSpec(ApiModel):
     min_kv_hit_gain: float = Field(default=0.0, ge=-1, le=1, description="Required gain in served KV hit over p2c.")
     replay_duration: Duration = Field(
         default="2m",
-        description="Traffic replayed per verdict, synthesised from the window's statistics; the first half warms caches.",
+        description=(
+            "Traffic replayed per verdict, synthesised from the window's statistics; the first half warms caches."
+        ),
     )
 
 

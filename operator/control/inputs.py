@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,7 +156,7 @@ def pinned_routes(
     return routes, notes
 
 
-def unknown_pinned_destination(spec: AffinityPlanSpec, pool_ids: Mapping[str, object]) -> str | None:
+def unknown_pinned_destination(spec: AffinityPlanSpec, pool_ids: Collection[str]) -> str | None:
     """The first pinned destination that is not in the pool at all, if any."""
     for pin in spec.pinned:
         for d in pin.destinations:

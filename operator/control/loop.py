@@ -2,18 +2,19 @@
 
 A period (`PlanLoop.run_period`):
 
-1. reads the pool and the plan in effect (read back from its ConfigMaps, so a restarted or
-   failed-over operator re-plans from what routers follow, neither losing it nor churning it);
+1. reads the pool and the plan in effect, read back from its ConfigMaps (so a restarted or
+   failed-over operator re-plans from what the routers follow: it neither loses nor churns it);
 2. reads the metrics window from Prometheus (`prometheus.PrometheusReader`);
 3. computes a candidate with the planner, the plan in effect as the previous plan (Manual: the
    pinned routes, nothing computed);
 4. judges it in shadow replay against the plan in effect and p2c (`guard`);
-5. publishes it (Auto, Manual; shards first, header last), and
-6. writes status, conditions, an Event and metrics.
+5. publishes it (Auto, Manual: shards first, header last; Shadow never does), and
+6. writes status and conditions, posts Events, updates the metrics (`report`, `metrics`).
 
-Failures keep the plan in effect: Prometheus unreachable, slow or empty, a pool without a ready
-destination, a rejected or empty candidate. The next period tries again. Blocking work (API
-calls, queries, planning, replay, encoding) runs in worker threads.
+Anything that goes wrong keeps the plan in effect: Prometheus unreachable, slow or empty, a pool
+without a ready destination, a rejected candidate, an empty candidate where a plan routes keys.
+The next period tries again. Blocking work (API calls, queries, planning, replay, encoding)
+runs in worker threads.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -38,6 +39,7 @@ from cacheroute.operator.control.conditions import Finding
 from cacheroute.operator.control.guard import run_guard
 from cacheroute.operator.control.kube import ApiError, ControlApi
 from cacheroute.operator.control.metrics import PlanMetrics
+from cacheroute.operator.control.period import EventKind, PeriodResult, pct, seconds_text, verdict_text
 from cacheroute.operator.control.plans import check_payload, manual_plan, same_routing
 from cacheroute.operator.control.prometheus import (
     REASON_NOT_CONFIGURED,
@@ -47,25 +49,22 @@ from cacheroute.operator.control.prometheus import (
 )
 from cacheroute.operator.control.promql import PoolSeries
 from cacheroute.operator.control.publish import CurrentPlan, publish, read_current
+from cacheroute.operator.control.report import SHADOW_PLANNED, events_to_post, iso, new_status
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.planner.errors import PlanInputError
-from cacheroute.planner.keystats import KeyStats
-from cacheroute.planner.plan import Plan, PlanError
+from cacheroute.planner.plan import Destination, Plan, PlanError
 from cacheroute.planner.plan_format import PlanPayload, encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
-from cacheroute.planner.replay.guard import GuardVerdict
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Outcome = Literal["applied", "unchanged", "shadow", "rejected", "kept", "failed"]
 # A period never starts sooner than this after the previous one, whatever the spec says.
 MIN_PERIOD_S = 1.0
-SHADOW_PLANNED = "ShadowPlanned"
 
 
 class EventSink(Protocol):
-    def __call__(self, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
+    def __call__(self, kind: EventKind, reason: str, message: str) -> None: ...
 
 
 class WindowReader(Protocol):
@@ -77,33 +76,8 @@ class WindowReader(Protocol):
 ReaderFactory = Callable[[str, float], WindowReader]
 
 
-@dataclass
-class PeriodResult:
-    """What one period found and did (also what tests and benchmarks inspect)."""
-
-    outcome: Outcome
-    evaluated_at: int
-    findings: list[Finding] = field(default_factory=list)
-    status: dict[str, Any] = field(default_factory=dict)
-    events: list[tuple[Literal["Normal", "Warning"], str, str]] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-    stats: KeyStats | None = None
-    result: PlanResult | None = None
-    candidate: Plan | None = None
-    payload: PlanPayload | None = None
-    verdict: GuardVerdict | None = None
-    window: WindowMetrics | None = None
-
-    def finding(self, type_: str) -> Finding | None:
-        return next((f for f in self.findings if f.type == type_), None)
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _default_reader(url: str, timeout_s: float) -> WindowReader:
+    return PrometheusReader(url, timeout_s=timeout_s)
 
 
 def _parse_time(text: object) -> float | None:
@@ -115,8 +89,31 @@ def _parse_time(text: object) -> float | None:
         return None
 
 
+def encode_checked(plan: Plan) -> PlanPayload:
+    """The ConfigMap payload of `plan`, verified to decode back to the same routes."""
+    payload = encode_plan(plan)
+    check_payload(plan, payload)
+    return payload
+
+
+@dataclass
+class _Work:
+    """What one period works on."""
+
+    result: PeriodResult
+    spec: AffinityPlanSpec
+    pool: InferencePool
+    pool_obj: Mapping[str, Any]
+    current: CurrentPlan
+    publish_allowed: Callable[[], bool]
+
+    @property
+    def pool_name(self) -> str:
+        return self.pool.metadata.name
+
+
 class PlanLoop:
-    """The control loop of one AffinityPlan (its period, run by a kopf daemon)."""
+    """The control loop of one AffinityPlan (run by a kopf daemon, one period at a time)."""
 
     def __init__(
         self,
@@ -126,7 +123,7 @@ class PlanLoop:
         namespace: str,
         name: str,
         events: EventSink,
-        reader_factory: ReaderFactory | None = None,
+        reader_factory: ReaderFactory = _default_reader,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.api = api
@@ -134,7 +131,7 @@ class PlanLoop:
         self.namespace = namespace
         self.name = name
         self.events = events
-        self.reader_factory: ReaderFactory = reader_factory or (lambda url, t: PrometheusReader(url, timeout_s=t))
+        self.reader_factory = reader_factory
         self.clock = clock
         self.metrics = PlanMetrics(namespace, name)
         self._last_at: float | None = None
@@ -143,8 +140,8 @@ class PlanLoop:
     # --- scheduling --------------------------------------------------------------------------------
 
     def seconds_until_due(self, body: Mapping[str, Any]) -> float:
-        """Seconds until the next period: one control period after the last (as status records it,
-        so a restarted operator keeps the rhythm), at once for a new generation of the spec."""
+        """Seconds until the next period: one control period after the last one (as the status
+        records it, so a restarted operator keeps the rhythm); soon for a new spec generation."""
         spec = body.get("spec") or {}
         status = body.get("status") or {}
         generation = (body.get("metadata") or {}).get("generation")
@@ -153,34 +150,31 @@ class PlanLoop:
         except ValueError:
             period = 300.0
         last = max(filter(None, (_parse_time(status.get("lastPeriodTime")), self._last_at)), default=None)
-        seen = self._last_generation if self._last_generation is not None else status.get("observedGeneration")
-        now = self.clock()
         if last is None:
             return 0.0
+        seen = self._last_generation if self._last_generation is not None else status.get("observedGeneration")
         if generation is not None and seen != generation:
-            return max(0.0, last + MIN_PERIOD_S - now)
-        return max(0.0, last + period - now)
+            period = MIN_PERIOD_S
+        return max(0.0, last + period - self.clock())
 
     # --- one period ----------------------------------------------------------------------------------
 
-    async def run_period(self, body: Mapping[str, Any], *, publish_allowed: Callable[[], bool] = lambda: True) -> (
-        PeriodResult
-    ):
-        """Run one period for the AffinityPlan `body`, then report it (status, Event, metrics)."""
+    async def run_period(
+        self, body: Mapping[str, Any], *, publish_allowed: Callable[[], bool] = lambda: True
+    ) -> PeriodResult:
+        """Run one period for the AffinityPlan `body`, then report it (status, Events, metrics)."""
         started = time.perf_counter()
         at = math.floor(self.clock())
-        self._last_at = float(at)
         generation = (body.get("metadata") or {}).get("generation")
-        self._last_generation = generation
+        self._last_at, self._last_generation = float(at), generation
         try:
             result = await self._period(body, at, publish_allowed)
-        except (ApiError, OSError) as exc:
-            result = PeriodResult("failed", at, findings=[Finding(cond.DEGRADED, True, "ApiError", str(exc))])
-        except Exception as exc:  # a bug must not end the loop: report it and try again next period
+        except ApiError as exc:
+            result = PeriodResult("failed", at, [Finding(cond.DEGRADED, True, "ApiError", str(exc))])
+        except Exception as exc:  # a bug must not end the loop: report it, try again next period
             log.exception("control period of AffinityPlan %s/%s failed", self.namespace, self.name)
-            result = PeriodResult(
-                "failed", at, findings=[Finding(cond.DEGRADED, True, "InternalError", f"{type(exc).__name__}: {exc}")]
-            )
+            message = f"{type(exc).__name__}: {exc}"
+            result = PeriodResult("failed", at, [Finding(cond.DEGRADED, True, "InternalError", message)])
         t0 = time.perf_counter()
         try:
             await self._report(body, result, generation)
@@ -189,394 +183,314 @@ class PlanLoop:
         result.seconds["status"] = time.perf_counter() - t0
         self.metrics.step("status", result.seconds["status"])
         self.metrics.period(time.perf_counter() - started, result.outcome)
-        if result.outcome != "failed" and not (result.finding(cond.DEGRADED) or Finding("", False, "")).status:
+        if not result.degraded:
             self.metrics.succeeded(self.clock())
         return result
 
     async def _timed(self, result: PeriodResult, step: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn` in a worker thread, its duration added to `step`."""
         t0 = time.perf_counter()
         try:
             return await asyncio.to_thread(fn, *args, **kwargs)
         finally:
-            result.seconds[step] = result.seconds.get(step, 0.0) + time.perf_counter() - t0
-            self.metrics.step(step, time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            result.seconds[step] = result.seconds.get(step, 0.0) + elapsed
+            self.metrics.step(step, elapsed)
 
-    async def _timed_async(self, result: PeriodResult, step: str, awaitable: Awaitable[T]) -> T:
+    async def _timed_await(self, result: PeriodResult, step: str, work: Coroutine[Any, Any, T]) -> T:
         t0 = time.perf_counter()
         try:
-            return await awaitable
+            return await work
         finally:
-            result.seconds[step] = time.perf_counter() - t0
-            self.metrics.step(step, result.seconds[step])
+            elapsed = time.perf_counter() - t0
+            result.seconds[step] = result.seconds.get(step, 0.0) + elapsed
+            self.metrics.step(step, elapsed)
 
     async def _period(self, body: Mapping[str, Any], at: int, publish_allowed: Callable[[], bool]) -> PeriodResult:
         result = PeriodResult("kept", at)
         try:
             spec = AffinityPlanSpec.model_validate(body.get("spec") or {})
         except ValidationError as exc:
-            return self._not_planned(result, cond.INVALID_INPUT, f"spec is invalid: {exc.errors()[0]['msg']}")
+            return _not_planned(result, cond.INVALID_INPUT, f"spec: {exc.errors()[0]['msg']}")
         pool_name = spec.pool_ref.name
         pool_obj = await asyncio.to_thread(self.api.get_pool, self.namespace, pool_name)
         if pool_obj is None:
-            return self._not_planned(result, cond.POOL_NOT_FOUND, f"InferencePool {pool_name} does not exist")
+            return _not_planned(result, cond.POOL_NOT_FOUND, f"InferencePool {pool_name} does not exist")
         try:
             pool = InferencePool.model_validate(pool_obj)
         except ValidationError as exc:
-            return self._not_planned(result, cond.INVALID_INPUT, f"InferencePool {pool_name}: {exc.errors()[0]['msg']}")
+            return _not_planned(result, cond.INVALID_INPUT, f"InferencePool {pool_name}: {exc.errors()[0]['msg']}")
         current = await asyncio.to_thread(read_current, self.api, self.namespace, pool_name)
+        if current.error:
+            log.warning("AffinityPlan %s/%s: the plan ConfigMaps hold no valid plan (%s)",
+                        self.namespace, self.name, current.error)
         result.status["planVersion"] = current.version if current.plan is not None else None
         if current.plan is not None:
             self.metrics.in_effect(pool_name, current.version, len(current.plan))
+        work = _Work(result, spec, pool, pool_obj, current, publish_allowed)
         if spec.mode == "Manual":
-            return await self._manual(result, spec, pool, pool_obj, current, publish_allowed)
-        return await self._computed(result, spec, pool, pool_obj, current, publish_allowed)
-
-    def _not_planned(self, result: PeriodResult, reason: str, message: str) -> PeriodResult:
-        result.findings += [Finding(cond.PLANNED, False, reason, message), Finding(cond.DEGRADED, True, reason, message)]
-        result.events.append(("Warning", reason, message))
-        return result
+            return await self._manual(work)
+        return await self._computed(work)
 
     # --- Manual ----------------------------------------------------------------------------------
 
-    async def _manual(
-        self,
-        result: PeriodResult,
-        spec: AffinityPlanSpec,
-        pool: InferencePool,
-        pool_obj: Mapping[str, Any],
-        current: CurrentPlan,
-        publish_allowed: Callable[[], bool],
-    ) -> PeriodResult:
-        everyone = inputs.pool_destinations(pool, ready_only=False)
+    async def _manual(self, w: _Work) -> PeriodResult:
+        """Exactly the pinned routes, on the pool's destinations whether ready or not."""
+        result = w.result
+        everyone = inputs.pool_destinations(w.pool, ready_only=False)
         if not everyone:
-            return self._not_planned(result, cond.POOL_NOT_READY, f"InferencePool {pool.metadata.name} lists no destination")
-        unknown = inputs.unknown_pinned_destination(spec, {d.id: d for d in everyone})
+            return _not_planned(result, cond.POOL_NOT_READY, f"InferencePool {w.pool_name} lists no destination")
+        unknown = inputs.unknown_pinned_destination(w.spec, {d.id for d in everyone})
         if unknown is not None:
-            return self._not_planned(
-                result, cond.INVALID_PINNED, f"a pinned route names {unknown}, which is not a destination of the pool"
-            )
-        await self._observe(result, spec, pool.metadata.name, keys=False)
+            message = f"a pinned route names {unknown}, which is not a destination of InferencePool {w.pool_name}"
+            return _not_planned(result, cond.INVALID_PINNED, message)
+        if w.spec.prometheus.url or self.settings.prometheus_url:
+            await self._observe(w, keys=False)  # for the observed KV hit only
         t0 = time.perf_counter()
         plan = manual_plan(
-            spec,
+            w.spec,
             everyone,
-            pool=pool.metadata.name,
-            generated_at=_iso(result.evaluated_at),
-            key_extraction=inputs.key_extraction(pool),
-            spill_threshold=pool.spec.router.spill_threshold,
+            pool=w.pool_name,
+            generated_at=iso(result.evaluated_at),
+            key_extraction=inputs.key_extraction(w.pool),
+            spill_threshold=w.pool.spec.router.spill_threshold,
         )
         result.seconds["plan"] = time.perf_counter() - t0
         result.candidate = plan
-        result.findings.append(Finding(cond.PLANNED, True, cond.PINNED_ROUTES, plan.summary.reason))
-        figures = {"admittedKeys": len(plan), "coveredRequestShare": None, "churn": None, "forcedChurn": None,
-                   "predictedKvHit": None, "predictedP99TtftSeconds": None}
+        result.add(Finding(cond.PLANNED, True, cond.PINNED_ROUTES, plan.summary.reason))
         self.metrics.verdict("skipped")
-        return await self._apply(result, spec, pool_obj, current, plan, figures, publish_allowed)
+        figures: dict[str, Any] = dict.fromkeys(
+            ("coveredRequestShare", "churn", "forcedChurn", "predictedKvHit", "predictedP99TtftSeconds")
+        )
+        figures["admittedKeys"] = len(plan)
+        return await self._apply(w, plan, figures)
 
     # --- Auto and Shadow ---------------------------------------------------------------------------
 
-    async def _observe(self, result: PeriodResult, spec: AffinityPlanSpec, pool: str, *, keys: bool) -> bool:
-        """Read the window into `result`; False (with findings) when it could not be read."""
-        url = spec.prometheus.url or self.settings.prometheus_url
+    async def _observe(self, w: _Work, *, keys: bool) -> bool:
+        """Read the window into the result; False (with the MetricsAvailable finding) if unusable."""
+        result = w.result
+        url = w.spec.prometheus.url or self.settings.prometheus_url
         if not url:
-            result.findings.append(
-                Finding(cond.METRICS_AVAILABLE, False, REASON_NOT_CONFIGURED,
-                        "no Prometheus: set spec.prometheus.url or the operator's --prometheus-url")
-            )
+            message = "no Prometheus: set spec.prometheus.url or the operator's --prometheus-url"
+            result.add(Finding(cond.METRICS_AVAILABLE, False, REASON_NOT_CONFIGURED, message))
             return False
-        window_s = parse_duration(spec.metrics_window)
-        reader = self.reader_factory(url, parse_duration(spec.prometheus.timeout))
+        window_s = parse_duration(w.spec.metrics_window)
+        reader = self.reader_factory(url, parse_duration(w.spec.prometheus.timeout))
         try:
-            series = PoolSeries(self.namespace, pool)
-            window = await self._timed_async(result, "query", reader.read_window(series, window_s, at=result.evaluated_at))
+            read = reader.read_window(PoolSeries(self.namespace, w.pool_name), window_s, at=result.evaluated_at)
+            window = result.window = await self._timed_await(result, "query", read)
         except MetricsReadError as exc:
-            result.findings.append(Finding(cond.METRICS_AVAILABLE, False, exc.reason, exc.message))
+            result.add(Finding(cond.METRICS_AVAILABLE, False, exc.reason, exc.message))
             return False
         finally:
             reader.close()
-        result.window = window
         result.status["observedKvHit"] = window.observed_kv_hit
         if keys and not window.total_requests > 0:
-            result.findings.append(
-                Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC,
-                        f"no router requests of pool {pool} in the last {spec.metrics_window}")
-            )
+            message = f"no router requests of pool {w.pool_name} in the last {w.spec.metrics_window}"
+            result.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, message))
             return False
-        routers = f"{window.total_requests:,.0f} requests, {len(window.keys):,} tracked keys"
-        engines = f"{len(window.engines)} vLLM pods reporting"
-        result.findings.append(Finding(cond.METRICS_AVAILABLE, True, cond.METRICS_READ, f"{routers}; {engines}"))
+        message = (
+            f"{window.total_requests:,.0f} requests, {len(window.keys):,} tracked keys; "
+            f"{len(window.engines)} vLLM pods reporting"
+        )
+        result.add(Finding(cond.METRICS_AVAILABLE, True, cond.METRICS_READ, message))
         return True
 
-    async def _computed(
-        self,
-        result: PeriodResult,
-        spec: AffinityPlanSpec,
-        pool: InferencePool,
-        pool_obj: Mapping[str, Any],
-        current: CurrentPlan,
-        publish_allowed: Callable[[], bool],
-    ) -> PeriodResult:
-        pool_name = pool.metadata.name
-        ready = inputs.pool_destinations(pool, ready_only=True)
+    async def _computed(self, w: _Work) -> PeriodResult:
+        result = w.result
+        ready = inputs.pool_destinations(w.pool, ready_only=True)
         if not ready:
-            return self._not_planned(result, cond.POOL_NOT_READY, f"InferencePool {pool_name} has no ready destination")
-        if not await self._observe(result, spec, pool_name, keys=True):
-            metrics = result.finding(cond.METRICS_AVAILABLE)
-            message = metrics.message if metrics else "metrics unavailable"
-            result.findings += [
-                Finding(cond.PLANNED, False, cond.METRICS_UNAVAILABLE, message),
-                Finding(cond.DEGRADED, True, metrics.reason if metrics else cond.METRICS_UNAVAILABLE, message),
-            ]
+            return _not_planned(result, cond.POOL_NOT_READY, f"InferencePool {w.pool_name} has no ready destination")
+        if not await self._observe(w, keys=True):
+            why = result.finding(cond.METRICS_AVAILABLE)
+            assert why is not None
+            result.add(Finding(cond.PLANNED, False, cond.METRICS_UNAVAILABLE, why.message),
+                       Finding(cond.DEGRADED, True, why.reason, why.message))
             return result
-        assert result.window is not None
-        pins, pin_notes = inputs.pinned_routes(spec, ready)
-        prepared = inputs.key_stats(result.window, list(pins))
-        stats = result.stats = prepared.stats
-        previous = current.plan
-        try:
-            plan_result = await self._timed(
-                result, "plan", self._plan, stats, ready, spec, pool, previous, pins, _iso(result.evaluated_at)
-            )
-        except (PlanInputError, PlanError) as exc:
-            return self._not_planned(result, cond.INVALID_INPUT, str(exc))
-        result.result = plan_result
-        candidate = result.candidate = plan_result.plan
-        try:
-            payload = result.payload = await self._timed(result, "plan", _encode_checked, candidate)
-        except PlanError as exc:
-            return self._not_planned(result, cond.INVALID_PLAN, str(exc))
-        notes = [*pin_notes] + ([] if prepared.output_tokens_known else ["vLLM reported no generated tokens"])
-        summary = candidate.summary
-        planned_msg = (
-            f"candidate {payload.version}: {len(candidate):,} routes for {len(stats):,} keys, "
-            f"{_pct(summary.admitted_request_share)} of requests, churn {_pct(plan_result.churn)} "
-            f"(forced {_pct(plan_result.churn_forced)}) on {len(ready)} ready destinations"
-        )
-        result.findings.append(Finding(cond.PLANNED, True, cond.PLAN_COMPUTED, "; ".join([planned_msg, *notes])))
-        result.status["candidateVersion"] = payload.version
+        planned = await self._plan(w, ready)
+        if planned is None:
+            return result
+        plan_result, payload = planned
+        candidate = plan_result.plan
+        previous = w.current.plan
         figures: dict[str, Any] = {
             "admittedKeys": len(candidate),
-            "coveredRequestShare": min(max(summary.admitted_request_share, 0.0), 1.0),
-            "churn": min(max(plan_result.churn, 0.0), 1.0),
-            "forcedChurn": min(max(plan_result.churn_forced, 0.0), 1.0),
+            "coveredRequestShare": _share(candidate.summary.admitted_request_share),
+            "churn": _share(plan_result.churn),
+            "forcedChurn": _share(plan_result.churn_forced),
         }
-        unchanged = same_routing(candidate, previous)
-        if spec.mode == "Auto" and unchanged:
+        if w.spec.mode == "Auto" and same_routing(candidate, previous):
             self.metrics.verdict("skipped")
             result.outcome = "unchanged"
             result.status.update(figures, churn=0.0, forcedChurn=0.0)
-            result.findings += [
-                Finding(cond.APPLIED, True, cond.UNCHANGED, f"plan {current.version} already routes this way"),
-                Finding(cond.DEGRADED, False, cond.AS_EXPECTED),
-            ]
+            result.add(_unchanged(w), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
             return result
-        if spec.mode == "Auto" and not len(candidate) and previous is not None and len(previous):
+        if w.spec.mode == "Auto" and not len(candidate) and previous is not None and len(previous):
             self.metrics.verdict("skipped")
-            message = f"the candidate routes no key; plan {current.version} with {len(previous):,} routes stays"
-            result.findings += [
-                Finding(cond.APPLIED, False, cond.EMPTY_PLAN, message),
-                Finding(cond.DEGRADED, False, cond.AS_EXPECTED),
-            ]
+            message = f"the candidate routes no key; plan {w.current.version} with {len(previous):,} routes stays"
+            result.add(Finding(cond.APPLIED, False, cond.EMPTY_PLAN, message),
+                       Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
             return result
-        verdict = None
-        if spec.guard.enabled:
-            try:
-                verdict = result.verdict = await self._timed(
-                    result, "guard", run_guard, stats, candidate, previous,
-                    settings=inputs.guard_settings(spec),
-                    duration_s=parse_duration(spec.guard.replay_duration),
-                    kv_capacity_tokens=ready[0].kv_capacity_tokens,
-                )
-            except ValueError as exc:  # e.g. too little traffic to synthesise a replay window
-                self.metrics.verdict("rejected")
-                result.outcome = "rejected"
-                message = f"candidate {payload.version} could not be replayed ({exc}); the plan in effect stays"
-                result.findings += [Finding(cond.APPLIED, False, cond.GUARD_REJECTED, message),
-                                    Finding(cond.DEGRADED, False, cond.AS_EXPECTED)]
-                return result
-            self.metrics.verdict("passed" if verdict.passed else "rejected")
-            figures["predictedKvHit"] = min(max(verdict.candidate.kv_hit, 0.0), 1.0)
-            p99 = verdict.candidate.ttft_p99_s
-            figures["predictedP99TtftSeconds"] = p99 if math.isfinite(p99) else None
-        else:
-            self.metrics.verdict("skipped")
-            figures["predictedKvHit"] = summary.predicted_kv_hit
-            figures["predictedP99TtftSeconds"] = None
-        judged = _verdict_text(verdict)
-        if spec.mode == "Shadow":
+        if not await self._judge(w, candidate, ready, figures):
+            return result
+        if w.spec.mode == "Shadow":
             result.outcome = "shadow"
             result.status.update(figures)
-            would = "would apply" if verdict is None or verdict.passed else "would not apply"
+            passed = result.verdict is None or result.verdict.passed
+            judged = verdict_text(result.verdict)
+            would = "would apply" if passed else "would not apply"
             message = f"mode Shadow: {would} candidate {payload.version} ({judged})"
-            result.findings += [Finding(cond.APPLIED, False, cond.SHADOW_MODE, message),
-                                Finding(cond.DEGRADED, False, cond.AS_EXPECTED)]
-            result.events.append(("Normal", SHADOW_PLANNED, f"{planned_msg}; {judged}"))
+            result.add(Finding(cond.APPLIED, False, cond.SHADOW_MODE, message),
+                       Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
+            result.tell("Normal", SHADOW_PLANNED, message)
             return result
-        if verdict is not None and not verdict.passed:
-            result.outcome = "rejected"
-            stays = f"plan {current.version} stays" if current.plan is not None else "no plan in effect"
-            message = f"candidate {payload.version} lost in the guard: {verdict.reason}; {stays}"
-            result.findings += [Finding(cond.APPLIED, False, cond.GUARD_REJECTED, message),
-                                Finding(cond.DEGRADED, False, cond.AS_EXPECTED)]
-            result.events.append(("Warning", cond.GUARD_REJECTED, message))
-            return result
-        return await self._apply(result, spec, pool_obj, current, candidate, figures, publish_allowed, payload)
+        return await self._apply(w, candidate, figures, payload)
 
-    @staticmethod
-    def _plan(
-        stats: KeyStats,
-        ready: list[Any],
-        spec: AffinityPlanSpec,
-        pool: InferencePool,
-        previous: Plan | None,
-        pins: Mapping[str, list[str]],
-        generated_at: str,
-    ) -> PlanResult:
-        return compute_plan(
-            stats,
-            ready,
-            pool=pool.metadata.name,
-            budget=inputs.budget(spec),
-            stability=inputs.stability(spec),
-            previous=previous,
-            pinned=pins,
-            generated_at=generated_at,
-            key_extraction=inputs.key_extraction(pool),
-            spill_threshold=pool.spec.router.spill_threshold,
+    async def _plan(self, w: _Work, ready: list[Destination]) -> tuple[PlanResult, PlanPayload] | None:
+        """The candidate and its payload; None (with findings) when there is none."""
+        result = w.result
+        assert result.window is not None
+        pins, pin_notes = inputs.pinned_routes(w.spec, ready)
+        prepared = inputs.key_stats(result.window, list(pins))
+        result.stats = prepared.stats
+        try:
+            plan_result = result.result = await self._timed(
+                result, "plan", compute_plan, prepared.stats, ready,
+                pool=w.pool_name,
+                budget=inputs.budget(w.spec),
+                stability=inputs.stability(w.spec),
+                previous=w.current.plan,
+                pinned=pins,
+                generated_at=iso(result.evaluated_at),
+                key_extraction=inputs.key_extraction(w.pool),
+                spill_threshold=w.pool.spec.router.spill_threshold,
+            )
+            result.candidate = plan_result.plan
+            payload = result.payload = await self._timed(result, "plan", encode_checked, plan_result.plan)
+        except (PlanInputError, PlanError) as exc:
+            _not_planned(result, cond.INVALID_INPUT, str(exc))
+            return None
+        candidate = plan_result.plan
+        notes = [*pin_notes] + ([] if prepared.output_tokens_known else ["vLLM reported no generated tokens"])
+        message = (
+            f"candidate {payload.version}: {len(candidate):,} routes for {len(prepared.stats):,} keys, "
+            f"{pct(candidate.summary.admitted_request_share)} of requests, churn {pct(plan_result.churn)} "
+            f"(forced {pct(plan_result.churn_forced)}) on {len(ready)} ready destinations"
         )
+        result.add(Finding(cond.PLANNED, True, cond.PLAN_COMPUTED, "; ".join([message, *notes])))
+        result.status["candidateVersion"] = payload.version
+        return plan_result, payload
+
+    async def _judge(self, w: _Work, candidate: Plan, ready: list[Destination], figures: dict[str, Any]) -> bool:
+        """Run the guard (when enabled) and record its figures; False when the candidate lost."""
+        result = w.result
+        assert result.stats is not None and result.payload is not None
+        if not w.spec.guard.enabled:
+            self.metrics.verdict("skipped")
+            figures.update(predictedKvHit=candidate.summary.predicted_kv_hit, predictedP99TtftSeconds=None)
+            return True
+        try:
+            verdict = result.verdict = await self._timed(
+                result, "guard", run_guard, result.stats, candidate, w.current.plan,
+                settings=inputs.guard_settings(w.spec),
+                duration_s=parse_duration(w.spec.guard.replay_duration),
+                kv_capacity_tokens=ready[0].kv_capacity_tokens,
+            )
+        except ValueError as exc:  # too little traffic to synthesise a replay
+            self.metrics.verdict("rejected")
+            return _rejected(w, f"could not be replayed ({exc})")
+        self.metrics.verdict("passed" if verdict.passed else "rejected")
+        figures["predictedKvHit"] = _share(verdict.candidate.kv_hit)
+        p99 = verdict.candidate.ttft_p99_s
+        figures["predictedP99TtftSeconds"] = p99 if math.isfinite(p99) else None
+        if verdict.passed or w.spec.mode == "Shadow":
+            return True
+        return _rejected(w, f"lost in the guard: {verdict.reason}")
 
     # --- applying ----------------------------------------------------------------------------------
 
     async def _apply(
-        self,
-        result: PeriodResult,
-        spec: AffinityPlanSpec,
-        pool_obj: Mapping[str, Any],
-        current: CurrentPlan,
-        plan: Plan,
-        figures: Mapping[str, Any],
-        publish_allowed: Callable[[], bool],
-        payload: PlanPayload | None = None,
+        self, w: _Work, plan: Plan, figures: Mapping[str, Any], payload: PlanPayload | None = None
     ) -> PeriodResult:
-        pool_name = plan.pool
-        if same_routing(plan, current.plan):
+        result = w.result
+        if same_routing(plan, w.current.plan):
             result.outcome = "unchanged"
             result.status.update(figures)
-            result.findings += [Finding(cond.APPLIED, True, cond.UNCHANGED, f"plan {current.version} already routes this way"),
-                                Finding(cond.DEGRADED, False, cond.AS_EXPECTED)]
-            return result
-        if payload is None:
-            try:
-                payload = result.payload = await self._timed(result, "plan", _encode_checked, plan)
-            except PlanError as exc:
-                return self._not_planned(result, cond.INVALID_PLAN, str(exc))
-        result.status["candidateVersion"] = payload.version
-        if not publish_allowed():
-            result.findings.append(Finding(cond.APPLIED, False, "Stopped", "the AffinityPlan is being deleted"))
+            result.add(_unchanged(w), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
             return result
         try:
-            await self._timed(result, "publish", publish, self.api, pool_obj, payload, writer=self.name)
+            if payload is None:
+                payload = result.payload = await self._timed(result, "plan", encode_checked, plan)
+        except PlanError as exc:
+            return _not_planned(result, cond.INVALID_PLAN, str(exc))
+        result.status["candidateVersion"] = payload.version
+        if not w.publish_allowed():
+            result.add(Finding(cond.APPLIED, False, "Stopping", "the AffinityPlan is being deleted"))
+            return result
+        try:
+            await self._timed(result, "publish", publish, self.api, w.pool_obj, payload, writer=self.name)
         except (ApiError, PlanError) as exc:
             result.outcome = "failed"
             message = f"plan {payload.version} could not be published: {exc}"
-            result.findings += [Finding(cond.APPLIED, False, cond.PUBLISH_FAILED, message),
-                                Finding(cond.DEGRADED, True, cond.PUBLISH_FAILED, message)]
-            result.events.append(("Warning", cond.PUBLISH_FAILED, message))
+            result.add(Finding(cond.APPLIED, False, cond.PUBLISH_FAILED, message),
+                       Finding(cond.DEGRADED, True, cond.PUBLISH_FAILED, message))
+            result.tell("Warning", cond.PUBLISH_FAILED, message)
             return result
         result.outcome = "applied"
-        result.status.update(figures, planVersion=payload.version, appliedAt=_iso(self.clock()))
-        self.metrics.in_effect(pool_name, payload.version, len(plan))
-        judged = _verdict_text(result.verdict)
-        message = (
-            f"plan {payload.version} applied ({spec.mode}): {len(plan):,} routes"
-            + (f", {_pct(figures.get('coveredRequestShare'))} of requests" if figures.get("coveredRequestShare") is not None else "")
-            + (f", churn {_pct(figures.get('churn'))} (forced {_pct(figures.get('forcedChurn'))})" if figures.get("churn") is not None else "")
-            + f"; {judged}; " + _seconds_text(result.seconds)
+        result.status.update(figures, planVersion=payload.version, appliedAt=iso(self.clock()))
+        self.metrics.in_effect(w.pool_name, payload.version, len(plan))
+        parts = [f"plan {payload.version} applied ({w.spec.mode}): {len(plan):,} routes"]
+        if figures.get("coveredRequestShare") is not None:
+            parts.append(f"{pct(figures['coveredRequestShare'])} of requests")
+        if figures.get("churn") is not None:
+            parts.append(f"churn {pct(figures['churn'])} (forced {pct(figures.get('forcedChurn'))})")
+        message = ", ".join(parts) + f"; {verdict_text(result.verdict)}; {seconds_text(result.seconds)}"
+        result.add(
+            Finding(cond.APPLIED, True, cond.PLAN_APPLIED, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED)
         )
-        result.findings += [Finding(cond.APPLIED, True, cond.PLAN_APPLIED, message),
-                            Finding(cond.DEGRADED, False, cond.AS_EXPECTED)]
-        result.events.append(("Normal", cond.PLAN_APPLIED, message))
+        result.tell("Normal", cond.PLAN_APPLIED, message)
         return result
 
     # --- reporting ---------------------------------------------------------------------------------
 
     async def _report(self, body: Mapping[str, Any], result: PeriodResult, generation: int | None) -> None:
         old_status = body.get("status") or {}
-        old_conditions = list(old_status.get("conditions") or [])
-        spec = body.get("spec") or {}
-        mode = spec.get("mode", "Auto")
-        findings = list(result.findings)
-        version = result.status.get("planVersion", old_status.get("planVersion"))
-        if mode == "Shadow":
-            planned = result.finding(cond.PLANNED)
-            ok = planned is not None and planned.status
-            findings.append(Finding(cond.READY, ok, cond.REPORTING if ok else (planned.reason if planned else cond.NO_PLAN),
-                                    "" if ok else (planned.message if planned else "")))
-        else:
-            findings.append(
-                Finding(cond.READY, True, cond.PLAN_IN_EFFECT, f"plan {version} is in effect")
-                if version else Finding(cond.READY, False, cond.NO_PLAN, "no plan has been published yet")
-            )
-        now = datetime.fromtimestamp(self.clock(), UTC)
-        status = dict(result.status)
-        status["conditions"] = cond.merge(old_conditions, findings, generation=generation, now=now)
-        status["lastPeriodTime"] = _iso(result.evaluated_at)
-        if generation is not None:
-            status["observedGeneration"] = generation
-        for kind, reason, message in self._transition_events(old_conditions, result):
-            result.events.append((kind, reason, message))
-        result.events = self._worth_telling(old_status, result)
-        result.status = status
-        await asyncio.to_thread(self.api.patch_plan_status, self.namespace, self.name, status)
-        for kind, reason, message in result.events:
-            self.events(kind, reason, message)
-
-    @staticmethod
-    def _worth_telling(
-        old_status: Mapping[str, Any], result: PeriodResult
-    ) -> list[tuple[Literal["Normal", "Warning"], str, str]]:
-        """The period's Events less repeats: the same candidate judged again, the same failure again."""
-        old_conditions = list(old_status.get("conditions") or [])
-        same_candidate = result.status.get("candidateVersion") == old_status.get("candidateVersion")
-        degraded = cond.current(old_conditions, cond.DEGRADED)
-        still_failing = degraded is not None and degraded.get("status") == "True"
-        kept = []
-        for kind, reason, message in result.events:
-            if reason in (SHADOW_PLANNED, cond.GUARD_REJECTED) and same_candidate:
-                continue
-            if kind == "Warning" and still_failing and degraded is not None and degraded.get("reason") == reason:
-                continue
-            kept.append((kind, reason, message))
-        return kept
-
-    @staticmethod
-    def _transition_events(old: list[Mapping[str, Any]], result: PeriodResult) -> list[tuple[Literal["Normal", "Warning"], str, str]]:
-        out: list[tuple[Literal["Normal", "Warning"], str, str]] = []
-        metrics = result.finding(cond.METRICS_AVAILABLE)
-        if metrics is not None and cond.is_true(old, cond.METRICS_AVAILABLE) is not metrics.status:
-            out.append(("Normal" if metrics.status else "Warning", metrics.reason, metrics.message))
-        return out
+        mode = str((body.get("spec") or {}).get("mode", "Auto"))
+        to_post = events_to_post(old_status, result)
+        result.status = new_status(old_status, result, mode=mode, generation=generation, now=self.clock())
+        await asyncio.to_thread(self.api.patch_plan_status, self.namespace, self.name, result.status)
+        for event in to_post:
+            self.events(event.kind, event.reason, event.message)
 
     def forget(self) -> None:
-        """Drop this AffinityPlan's metric series (it was deleted)."""
+        """Drop this AffinityPlan's metric series (it is gone, or this operator stops)."""
         self.metrics.forget()
 
 
-def _encode_checked(plan: Plan) -> PlanPayload:
-    payload = encode_plan(plan)
-    check_payload(plan, payload)
-    return payload
+def _share(x: float) -> float:
+    return min(max(float(x), 0.0), 1.0)
 
 
-def _verdict_text(verdict: GuardVerdict | None) -> str:
-    if verdict is None:
-        return "guard off"
-    c, p = verdict.candidate, verdict.p2c
-    return (
-        f"guard {'passed' if verdict.passed else 'rejected'}: predicted KV hit {_pct(c.kv_hit)} (p2c {_pct(p.kv_hit)}), "
-        f"p99 TTFT {c.ttft_p99_s:.2f}s (p2c {p.ttft_p99_s:.2f}s)"
+def _unchanged(w: _Work) -> Finding:
+    return Finding(cond.APPLIED, True, cond.UNCHANGED, f"plan {w.current.version} already routes this way")
+
+
+def _rejected(w: _Work, reason: str) -> bool:
+    """Record a candidate the guard turned down (the plan in effect stays); returns False."""
+    result = w.result
+    assert result.payload is not None
+    result.outcome = "rejected"
+    stays = f"plan {w.current.version} stays" if w.current.plan is not None else "no plan is in effect"
+    message = f"candidate {result.payload.version} {reason}; {stays}"
+    result.add(
+        Finding(cond.APPLIED, False, cond.GUARD_REJECTED, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED)
     )
+    result.tell("Warning", cond.GUARD_REJECTED, message)
+    return False
 
 
-def _seconds_text(seconds: Mapping[str, float]) -> str:
-    return ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items())
+def _not_planned(result: PeriodResult, reason: str, message: str) -> PeriodResult:
+    result.add(Finding(cond.PLANNED, False, reason, message), Finding(cond.DEGRADED, True, reason, message))
+    result.tell("Warning", reason, message)
+    return result

@@ -4,6 +4,8 @@ and removed when the AffinityPlan goes away."""
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 PREFIX = "cacheroute_operator_plan"
@@ -92,7 +94,5 @@ class PlanMetrics:
 
 
 def _remove(metric: Counter | Gauge | Histogram, labels: tuple[str, ...]) -> None:
-    try:
+    with contextlib.suppress(KeyError):
         metric.remove(*labels)
-    except KeyError:
-        pass

@@ -186,7 +186,8 @@ class PrometheusReader:
         try:
             result: list[dict[str, Any]] = self._client.custom_query(promql, params=params, timeout=self.timeout_s)
         except (http.ConnectTimeout, http.ConnectionError) as exc:
-            raise MetricsReadError(REASON_UNREACHABLE, f"Prometheus at {self.url} is unreachable: {_short(exc)}") from exc
+            message = f"Prometheus at {self.url} is unreachable: {_short(exc)}"
+            raise MetricsReadError(REASON_UNREACHABLE, message) from exc
         except http.Timeout as exc:
             raise MetricsReadError(
                 REASON_TIMEOUT, f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s"

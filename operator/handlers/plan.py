@@ -21,28 +21,28 @@ from cacheroute.operator.control.settings import ControlSettings
 # The daemon wakes at least this often between periods, to notice spec changes.
 _WAKE_S = 1.0
 
-_state: dict[str, Any] = {}
+class _Setup:
+    settings: ControlSettings | None = None
+    api: ControlApi | None = None
 
 
 def configure(settings: ControlSettings, api_client: Any | None = None) -> None:
     """Set the loop's operator-wide settings (called by `cacheroute operator run` at start-up)."""
-    _state["settings"] = settings
+    _Setup.settings = settings
     if api_client is not None:
-        _state["api"] = ControlApi(api_client)
+        _Setup.api = ControlApi(api_client)
 
 
 def _settings() -> ControlSettings:
-    settings = _state.get("settings")
-    if settings is None:
-        settings = _state["settings"] = ControlSettings.from_env()
-    return settings  # type: ignore[no-any-return]
+    if _Setup.settings is None:
+        _Setup.settings = ControlSettings.from_env()
+    return _Setup.settings
 
 
 def _api() -> ControlApi:
-    api = _state.get("api")
-    if api is None:
-        api = _state["api"] = ControlApi(default_api_client())
-    return api  # type: ignore[no-any-return]
+    if _Setup.api is None:
+        _Setup.api = ControlApi(default_api_client())
+    return _Setup.api
 
 
 def _events(body: kopf.Body) -> Any:
@@ -54,8 +54,10 @@ def _events(body: kopf.Body) -> Any:
 
 
 @kopf.daemon(GROUP, VERSION, PLAN_PLURAL, id="control-loop", cancellation_timeout=60.0)
-async def control_loop(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
-    loop = PlanLoop(_api(), _settings(), namespace=namespace, name=name, events=_events(body))
+async def control_loop(
+    stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> None:
+    loop = PlanLoop(_api(), _settings(), namespace=namespace or "", name=name, events=_events(body))
     try:
         while not stopped:
             wait = loop.seconds_until_due(body)

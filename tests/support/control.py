@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -519,6 +519,33 @@ def start_operator(
         process.stop()
         raise
     return OperatorProcess(process)
+
+
+@dataclass
+class ControlEnv:
+    """Everything a control-loop test works with, in the test's own namespace."""
+
+    sandbox: Any  # cacheroute.sandbox.cluster.Sandbox
+    api: Any
+    namespace: str
+    engines: list[Any]  # tests.support.router.Engine
+    tmp_path: Path
+    start_fleet: Callable[..., FleetMetrics]
+    start_operator: Callable[..., OperatorProcess]
+
+    @property
+    def prometheus_url(self) -> str:
+        return str(self.sandbox.prometheus.url)
+
+    def fleet(self, pool: str, **options: Any) -> FleetMetrics:
+        return self.start_fleet(self.namespace, pool, **options)
+
+    def operator(self, *, prometheus_url: str | None = None) -> OperatorProcess:
+        return self.start_operator(self.namespace, prometheus_url=prometheus_url)
+
+    def pool(self, name: str, *, ready: tuple[bool, ...] = (True, True), kv: int = 200_000) -> None:
+        create_pool(self.api, self.namespace, name, [(e.address, r) for e, r in zip(self.engines, ready, strict=True)],
+                    kv)
 
 
 # --- the oracle ------------------------------------------------------------------------------------

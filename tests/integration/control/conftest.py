@@ -11,7 +11,7 @@ import pytest
 
 from cacheroute.sandbox.cluster import Sandbox
 from cacheroute.sandbox.crds import apply_crds, load_crds
-from tests.support.control import CRD_DIR, FleetMetrics, OperatorProcess, start_operator
+from tests.support.control import CRD_DIR, ControlEnv, FleetMetrics, OperatorProcess, start_operator
 from tests.support.router import Engine, start_engine
 from tests.support.sandbox import ScopedPrometheus
 
@@ -67,3 +67,17 @@ def operator(sandbox: Sandbox, tmp_path: Path) -> Iterator[Callable[..., Operato
     for op in started:
         if op.alive():
             op.stop()
+
+
+@pytest.fixture
+def env(request: pytest.FixtureRequest) -> ControlEnv:
+    request.getfixturevalue("crds")
+    return ControlEnv(
+        sandbox=request.getfixturevalue("sandbox"),
+        api=request.getfixturevalue("kube_api"),
+        namespace=request.getfixturevalue("namespace"),
+        engines=request.getfixturevalue("engines"),
+        tmp_path=request.getfixturevalue("tmp_path"),
+        start_fleet=request.getfixturevalue("fleet_metrics"),
+        start_operator=request.getfixturevalue("operator"),
+    )

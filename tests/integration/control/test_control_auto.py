@@ -4,8 +4,6 @@ publishes the plan ConfigMap, and a router reading that ConfigMap follows it."""
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
@@ -13,11 +11,10 @@ from kubernetes import client
 from cacheroute.planner.plan import Destination, KeyExtraction, affinity_key_hash
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget, Stability
-from cacheroute.sandbox.cluster import Sandbox
 from tests.support.control import (
+    ControlEnv,
     condition,
     create_plan,
-    create_pool,
     expected_stats,
     get_plan,
     plan_files,
@@ -29,23 +26,20 @@ from tests.support.control import (
 from tests.support.router import PlanVolume, destination, exchange, headers_request, start_router_process
 from tests.support.sandbox import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+pytestmark = pytest.mark.integration
 
 POOL = "llama"
 KV = 200_000
 WINDOW = 10
 
 
-def test_auto_publishes_the_planners_plan_and_the_router_follows_it(
-    sandbox: Sandbox, kube_api: Any, namespace: str, fleet_metrics: Any, engines: Any, operator: Any, tmp_path: Path
-) -> None:
+def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: ControlEnv) -> None:
+    kube_api, namespace, engines, prom = env.api, env.namespace, env.engines, env.prometheus_url
     traffic = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    fleet = fleet_metrics(namespace, POOL, routers=2, engines=2)
-    fleet.set_traffic(traffic)
-    create_pool(kube_api, namespace, POOL, [(e.address, True) for e in engines], KV)
-    prom = sandbox.prometheus.url
+    env.fleet(POOL, routers=2, engines=2).set_traffic(traffic)
+    env.pool(POOL, kv=KV)
     wait_for_window(prom, namespace, len(traffic.keys) + 2, WINDOW)
-    operator(namespace, prometheus_url=prom)
+    env.operator(prometheus_url=prom)
     # One period only (the first one runs at once), so the plan in the ConfigMap is that period's.
     create_plan(kube_api, namespace, plan_manifest("llama", POOL, controlPeriod="1h", metricsWindow=f"{WINDOW}s"))
 
@@ -89,10 +83,10 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(
     assert traffic.keys[0].key.encode() not in blob
 
     # A router mounted on that ConfigMap routes a planned key to its planned destination.
-    volume = PlanVolume(tmp_path / "plan")
+    volume = PlanVolume(env.tmp_path / "plan")
     volume.publish_files(plan_files(kube_api, namespace, POOL))
     router = start_router_process(
-        ["--plan-dir", str(volume.path), "--scrape-interval", "0.2"], log=tmp_path / "router.log"
+        ["--plan-dir", str(volume.path), "--scrape-interval", "0.2"], log=env.tmp_path / "router.log"
     )
     try:
         planned = [k.key for k in traffic.keys if published.destinations_of(affinity_key_hash(k.key))]
@@ -114,7 +108,7 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(
         try:
             get_plan(kube_api, namespace, "llama")
         except client.ApiException as exc:
-            return exc.status == 404
+            return bool(exc.status == 404)
         return False
 
     wait_for(gone, timeout=60, what="the AffinityPlan to be deleted")

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from cacheroute.sandbox.cluster import Sandbox
 from tests.support.control import (
+    ControlEnv,
     condition,
     create_plan,
-    create_pool,
     events,
     get_plan,
     plan_manifest,
@@ -22,21 +19,20 @@ from tests.support.control import (
 )
 from tests.support.sandbox import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+pytestmark = pytest.mark.integration
 
 KV = 200_000
 WINDOW = 10
 
 
-def test_low_reuse_candidate_is_rejected_and_the_plan_in_effect_stays(
-    sandbox: Sandbox, kube_api: Any, namespace: str, fleet_metrics: Any, engines: Any, operator: Any
-) -> None:
+def test_low_reuse_candidate_is_rejected_and_the_plan_in_effect_stays(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
     good = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    fleet = fleet_metrics(namespace, "llama")
+    fleet = env.fleet("llama")
     fleet.set_traffic(good)
-    create_pool(kube_api, namespace, "llama", [(e.address, True) for e in engines], KV)
-    wait_for_window(sandbox.prometheus.url, namespace, len(good.keys) + 2, WINDOW)
-    operator(namespace, prometheus_url=sandbox.prometheus.url)
+    env.pool("llama", kv=KV)
+    wait_for_window(env.prometheus_url, namespace, len(good.keys) + 2, WINDOW)
+    env.operator(prometheus_url=env.prometheus_url)
     create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s", metricsWindow=f"{WINDOW}s"))
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "PlanApplied",
              timeout=90, what="a first plan applied")
@@ -44,7 +40,7 @@ def test_low_reuse_candidate_is_rejected_and_the_plan_in_effect_stays(
     # New keys, a 100-token reusable prefix (less than a KV block), and more load: pinning these
     # keys skews load for no KV hit, so the replay predicts a worse p99 TTFT than p2c.
     fleet.set_traffic(zipf_traffic(40, 8.0, prompt=2000, prefix_share=0.05, exponent=0.0, name="low"))
-    wait_for_quiet_keys(sandbox.prometheus.url, namespace, [k.key for k in good.keys], WINDOW)
+    wait_for_quiet_keys(env.prometheus_url, namespace, [k.key for k in good.keys], WINDOW)
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "GuardRejected",
              timeout=90, what="Applied=False GuardRejected")
     obj = get_plan(kube_api, namespace, "llama")

@@ -3,17 +3,14 @@ pinned routes, keys hashed."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from kubernetes import client
 
 from cacheroute.planner.plan import affinity_key_hash
-from cacheroute.sandbox.cluster import Sandbox
 from tests.support.control import (
+    ControlEnv,
     condition,
     create_plan,
-    create_pool,
     events,
     get_plan,
     plan_files,
@@ -25,20 +22,19 @@ from tests.support.control import (
 )
 from tests.support.sandbox import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+pytestmark = pytest.mark.integration
 
 KV = 200_000
 WINDOW = 10
 
 
-def test_shadow_fills_status_and_never_writes_the_configmap(
-    sandbox: Sandbox, kube_api: Any, namespace: str, fleet_metrics: Any, engines: Any, operator: Any
-) -> None:
+def test_shadow_fills_status_and_never_writes_the_configmap(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
     traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    fleet_metrics(namespace, "qwen").set_traffic(traffic)
-    create_pool(kube_api, namespace, "qwen", [(e.address, True) for e in engines], KV)
-    wait_for_window(sandbox.prometheus.url, namespace, len(traffic.keys) + 2, WINDOW)
-    operator(namespace, prometheus_url=sandbox.prometheus.url)
+    env.fleet("qwen").set_traffic(traffic)
+    env.pool("qwen", kv=KV)
+    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    env.operator(prometheus_url=env.prometheus_url)
     create_plan(kube_api, namespace, plan_manifest("qwen", "qwen", mode="Shadow", controlPeriod="2s",
                                                     metricsWindow=f"{WINDOW}s"))
 
@@ -65,16 +61,13 @@ def test_shadow_fills_status_and_never_writes_the_configmap(
     assert events(kube_api, namespace, "ShadowPlanned")
 
 
-def test_manual_publishes_exactly_the_pinned_routes(
-    sandbox: Sandbox, kube_api: Any, namespace: str, engines: Any, operator: Any
-) -> None:
+def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
     # llama-1 is not ready: pinned routes are honoured all the same (the router spills meanwhile).
-    create_pool(kube_api, namespace, "llama", [(engines[0].address, True), (engines[1].address, False)], KV)
-    operator(namespace, prometheus_url=sandbox.prometheus.url)
-    pinned = [
-        {"key": "tenant-a/system-prompt", "destinations": ["llama-1"]},
-        {"key": "tenant-b", "destinations": ["llama-0", "llama-1"]},
-    ]
+    env.pool("llama", ready=(True, False), kv=KV)
+    env.operator(prometheus_url=env.prometheus_url)
+    pins = {"tenant-a/system-prompt": ("llama-1",), "tenant-b": ("llama-0", "llama-1")}
+    pinned = [{"key": k, "destinations": list(v)} for k, v in pins.items()]
     create_plan(kube_api, namespace, plan_manifest("pins", "llama", mode="Manual", controlPeriod="2s", pinned=pinned))
 
     wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Applied").get("status") == "True",
@@ -82,7 +75,7 @@ def test_manual_publishes_exactly_the_pinned_routes(
     obj = get_plan(kube_api, namespace, "pins")
     plan = published_plan(kube_api, namespace, "llama")
     assert plan is not None
-    assert plan.routes() == {affinity_key_hash(p["key"]): tuple(p["destinations"]) for p in pinned}
+    assert plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
     assert obj["status"]["planVersion"] == obj["status"]["candidateVersion"]
     assert obj["status"]["admittedKeys"] == 2
     assert condition(obj, "Planned")["reason"] == "PinnedRoutes"
@@ -98,5 +91,5 @@ def test_manual_publishes_exactly_the_pinned_routes(
     wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Planned").get("reason") == "InvalidPinned",
              timeout=60, what="Planned=False InvalidPinned")
     plan = published_plan(kube_api, namespace, "llama")
-    assert plan is not None and plan.routes() == {affinity_key_hash(p["key"]): tuple(p["destinations"]) for p in pinned}
+    assert plan is not None and plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
     assert get_plan(kube_api, namespace, "pins")["status"]["planVersion"] == version

@@ -7,16 +7,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.control import (
+    ControlEnv,
     DedicatedPrometheus,
     condition,
     create_plan,
-    create_pool,
     get_plan,
     plan_manifest,
     published_plan,
@@ -25,7 +24,7 @@ from tests.support.control import (
 )
 from tests.support.sandbox import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+pytestmark = pytest.mark.integration
 
 KV = 200_000
 WINDOW = 10
@@ -33,7 +32,7 @@ PERIOD = 2
 
 
 @pytest.fixture
-def own_prometheus(tmp_path: Path) -> Iterator[list[DedicatedPrometheus]]:
+def own_prometheus() -> Iterator[list[DedicatedPrometheus]]:
     started: list[DedicatedPrometheus] = []
     yield started
     for prom in started:
@@ -45,18 +44,18 @@ def _epoch(text: str) -> float:
 
 
 def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
-    kube_api: Any, namespace: str, fleet_metrics: Any, engines: Any, operator: Any, tmp_path: Path,
-    own_prometheus: list[DedicatedPrometheus],
+    env: ControlEnv, own_prometheus: list[DedicatedPrometheus]
 ) -> None:
+    kube_api, namespace = env.api, env.namespace
     traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    fleet = fleet_metrics(namespace, "llama")
+    fleet = env.fleet("llama")
     fleet.set_traffic(traffic)
-    prom = DedicatedPrometheus(tmp_path / "prometheus", fleet.jobs())
+    prom = DedicatedPrometheus(env.tmp_path / "prometheus", fleet.jobs())
     own_prometheus.append(prom)
     prom.start()
-    create_pool(kube_api, namespace, "llama", [(e.address, True) for e in engines], KV)
+    env.pool("llama", kv=KV)
     wait_for_window(prom.url, namespace, len(traffic.keys) + 2, WINDOW)
-    operator(namespace)  # no default Prometheus: the AffinityPlan names its own
+    env.operator()  # no default Prometheus: the AffinityPlan names its own
     create_plan(kube_api, namespace, plan_manifest(
         "llama", "llama", controlPeriod=f"{PERIOD}s", metricsWindow=f"{WINDOW}s",
         prometheus={"url": prom.url, "timeout": "1s"},
@@ -72,7 +71,8 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
         def flipped() -> bool:
             obj = get_plan(kube_api, namespace, "llama")
             c = condition(obj, "MetricsAvailable")
-            if (c.get("status"), c.get("reason")) == (status, reason) and _epoch(obj["status"]["lastPeriodTime"]) >= since:
+            last = _epoch(obj["status"]["lastPeriodTime"])
+            if (c.get("status"), c.get("reason")) == (status, reason) and last >= since:
                 found.update(obj)
                 return True
             return False

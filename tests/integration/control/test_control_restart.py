@@ -13,13 +13,12 @@ from kubernetes import client
 from cacheroute.planner.plan import Destination, KeyExtraction, Plan
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget, Stability
-from cacheroute.sandbox.cluster import Sandbox
 from tests.support.control import (
+    ControlEnv,
     KeyLoad,
     Traffic,
     condition,
     create_plan,
-    create_pool,
     expected_stats,
     get_plan,
     key_label,
@@ -31,7 +30,7 @@ from tests.support.control import (
 )
 from tests.support.sandbox import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+pytestmark = pytest.mark.integration
 
 KV = 200_000
 WINDOW = 10
@@ -44,16 +43,14 @@ def moved_share(before: Plan, after: Plan) -> float:
     return sum(1 for k, dests in a.items() if b.get(k) != dests) / len(a)
 
 
-def test_restarted_operator_replans_from_the_published_plan(
-    sandbox: Sandbox, kube_api: Any, namespace: str, fleet_metrics: Any, engines: Any, operator: Any
-) -> None:
-    prom = sandbox.prometheus.url
+def test_restarted_operator_replans_from_the_published_plan(env: ControlEnv) -> None:
+    kube_api, namespace, engines, prom = env.api, env.namespace, env.engines, env.prometheus_url
     before = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    fleet = fleet_metrics(namespace, "llama")
+    fleet = env.fleet("llama")
     fleet.set_traffic(before)
-    create_pool(kube_api, namespace, "llama", [(e.address, True) for e in engines], KV)
+    env.pool("llama", kv=KV)
     wait_for_window(prom, namespace, len(before.keys) + 2, WINDOW)
-    first = operator(namespace, prometheus_url=prom)
+    first = env.operator(prometheus_url=prom)
     create_plan(kube_api, namespace, plan_manifest(
         "llama", "llama", controlPeriod="4s", metricsWindow=f"{WINDOW}s", stability={"maxChurn": MAX_CHURN},
     ))
@@ -66,12 +63,13 @@ def test_restarted_operator_replans_from_the_published_plan(
 
     # The workload drifts: the same keys, the heaviest now the lightest.
     rates = [k.rate for k in before.keys][::-1]
-    drifted = Traffic(tuple(KeyLoad(k.key, r, k.prompt_tokens, k.prefix_tokens) for k, r in zip(before.keys, rates)),
-                      other_rate=before.other_rate, unkeyed_rate=before.unkeyed_rate)
+    keys = tuple(KeyLoad(k.key, r, k.prompt_tokens, k.prefix_tokens) for k, r in zip(before.keys, rates, strict=True))
+    drifted = Traffic(keys, other_rate=before.other_rate, unkeyed_rate=before.unkeyed_rate)
     fleet.set_traffic(drifted)
     head, tail = key_label(before.keys[0].key), key_label(before.keys[-1].key)
-    ratio = (f'sum(increase(cacheroute_router_key_requests_total{{namespace="{namespace}",key="{head}"}}[{WINDOW}s]))'
-             f' / sum(increase(cacheroute_router_key_requests_total{{namespace="{namespace}",key="{tail}"}}[{WINDOW}s]))')
+    series = 'increase(cacheroute_router_key_requests_total{{namespace="{ns}",key="{key}"}}[{w}s])'
+    ratio = (f"sum({series.format(ns=namespace, key=head, w=WINDOW)})"
+             f" / sum({series.format(ns=namespace, key=tail, w=WINDOW)})")
 
     def drifted_window() -> bool:
         result = httpx.get(f"{prom}/api/v1/query", params={"query": ratio}, timeout=10).json()["data"]["result"]
@@ -82,7 +80,7 @@ def test_restarted_operator_replans_from_the_published_plan(
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
         "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "llama", {"spec": {"controlPeriod": "1h"}}
     )
-    operator(namespace, prometheus_url=prom)
+    env.operator(prometheus_url=prom)
     obj = wait_for_period_after(kube_api, namespace, "llama", obj["status"]["lastPeriodTime"], timeout=90)
     assert condition(obj, "Applied")["status"] == "True"
     p2 = published_plan(kube_api, namespace, "llama")
