@@ -129,7 +129,8 @@ def test_destinations_are_the_ready_ones_in_ordinal_order_with_kv_capacity() -> 
     ready = inputs.pool_destinations(p, ready_only=True)
     assert [(d.id, d.kv_capacity_tokens) for d in ready] == [("p-2", 123_456), ("p-10", 123_456)]
     assert [d.id for d in inputs.pool_destinations(p, ready_only=False)] == ["p-2", "p-3", "p-10"]
-    assert inputs.pool_destinations(pool([{"id": "p-0", "ready": True}], kv=None), ready_only=True)[0].kv_capacity_tokens == 0
+    (unplanned,) = inputs.pool_destinations(pool([{"id": "p-0", "ready": True}], kv=None), ready_only=True)
+    assert unplanned.kv_capacity_tokens == 0
 
 
 def test_spec_settings_map_onto_the_planner_and_guard() -> None:
