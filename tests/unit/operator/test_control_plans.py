@@ -100,7 +100,7 @@ def test_metric_series_of_a_deleted_plan_go_away() -> None:
     m.in_effect("p", "v1", 10)
     m.in_effect("p", "v2", 12)
     m.step("plan", 0.5)
-    samples = {(s.labels.get("affinityplan"), s.labels.get("version")) for s in PLAN_INFO.collect()[0].samples}
+    samples = {(s.labels.get("affinityplan"), s.labels.get("version")) for s in next(iter(PLAN_INFO.collect())).samples}
     assert ("gone", "v2") in samples and ("gone", "v1") not in samples
     m.forget()
-    assert all(s.labels.get("affinityplan") != "gone" for s in PLAN_INFO.collect()[0].samples)
+    assert all(s.labels.get("affinityplan") != "gone" for s in next(iter(PLAN_INFO.collect())).samples)

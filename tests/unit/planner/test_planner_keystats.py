@@ -199,10 +199,10 @@ def test_known_hashes_name_the_keys_without_hashing_the_row_names() -> None:
     hashes = np.array([affinity_key_hash("alpha"), 7], dtype=np.uint64)
     stats = KeyStats(
         names=("alpha", "0000000000000007"),
-        rate=[1.0, 2.0],
-        prompt_tokens=[100.0, 100.0],
-        prefix_tokens=[50.0, 50.0],
-        output_tokens=[10.0, 10.0],
+        rate=np.array([1.0, 2.0]),
+        prompt_tokens=np.array([100.0, 100.0]),
+        prefix_tokens=np.array([50.0, 50.0]),
+        output_tokens=np.array([10.0, 10.0]),
         key_hashes=hashes,
     )
     assert stats.hashes.tolist() == hashes.tolist()
@@ -219,5 +219,5 @@ def test_known_hashes_name_the_keys_without_hashing_the_row_names() -> None:
 )
 def test_known_hashes_must_be_one_distinct_uint64_per_key(hashes: np.ndarray, message: str) -> None:
     with pytest.raises(PlanInputError, match=message):
-        KeyStats(names=("a", "b"), rate=[1.0, 1.0], prompt_tokens=[1.0, 1.0], prefix_tokens=[0.0, 0.0],
-                 output_tokens=[1.0, 1.0], key_hashes=hashes)
+        KeyStats(names=("a", "b"), rate=np.array([1.0, 1.0]), prompt_tokens=np.array([1.0, 1.0]), prefix_tokens=np.array([0.0, 0.0]),
+                 output_tokens=np.array([1.0, 1.0]), key_hashes=hashes)
