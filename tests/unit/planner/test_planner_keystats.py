@@ -219,5 +219,6 @@ def test_known_hashes_name_the_keys_without_hashing_the_row_names() -> None:
 )
 def test_known_hashes_must_be_one_distinct_uint64_per_key(hashes: np.ndarray, message: str) -> None:
     with pytest.raises(PlanInputError, match=message):
-        KeyStats(names=("a", "b"), rate=np.array([1.0, 1.0]), prompt_tokens=np.array([1.0, 1.0]), prefix_tokens=np.array([0.0, 0.0]),
-                 output_tokens=np.array([1.0, 1.0]), key_hashes=hashes)
+        ones = np.ones(2)
+        KeyStats(names=("a", "b"), rate=ones, prompt_tokens=ones, prefix_tokens=0 * ones, output_tokens=ones,
+                 key_hashes=hashes)
