@@ -213,14 +213,14 @@ class PlanLoop:
         except ValidationError as exc:
             return _not_planned(result, cond.INVALID_INPUT, f"spec: {exc.errors()[0]['msg']}")
         pool_name = spec.pool_ref.name
-        pool_obj = await asyncio.to_thread(self.api.get_pool, self.namespace, pool_name)
+        pool_obj = await self._timed(result, "read", self.api.get_pool, self.namespace, pool_name)
         if pool_obj is None:
             return _not_planned(result, cond.POOL_NOT_FOUND, f"InferencePool {pool_name} does not exist")
         try:
             pool = InferencePool.model_validate(pool_obj)
         except ValidationError as exc:
             return _not_planned(result, cond.INVALID_INPUT, f"InferencePool {pool_name}: {exc.errors()[0]['msg']}")
-        current = await asyncio.to_thread(read_current, self.api, self.namespace, pool_name)
+        current = await self._timed(result, "read", read_current, self.api, self.namespace, pool_name)
         if current.error:
             log.warning("AffinityPlan %s/%s: the plan ConfigMaps hold no valid plan (%s)",
                         self.namespace, self.name, current.error)

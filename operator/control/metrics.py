@@ -9,13 +9,14 @@ import contextlib
 from prometheus_client import Counter, Gauge, Histogram
 
 PREFIX = "cacheroute_operator_plan"
-STEPS = ("query", "plan", "guard", "publish", "status")
+STEPS = ("read", "query", "plan", "guard", "publish", "status")
 VERDICTS = ("passed", "rejected", "skipped")
 _LABELS = ("namespace", "affinityplan")
 
 STEP_SECONDS = Histogram(
     f"{PREFIX}_step_seconds",
-    "Duration of one step of a control period: query (Prometheus), plan, guard (shadow replay), publish, status.",
+    "Duration of one step of a control period: read (pool, plan in effect), query (Prometheus), plan, "
+    "guard (shadow replay), publish (ConfigMaps), status.",
     [*_LABELS, "step"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
