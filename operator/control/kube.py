@@ -57,6 +57,15 @@ class ControlApi:
             raise _fail(f"reading InferencePool {namespace}/{name}", exc) from None
         return obj
 
+    def get_plan(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLAN_PLURAL, name)
+        except self._exception as exc:
+            if exc.status == 404:
+                return None
+            raise _fail(f"reading AffinityPlan {namespace}/{name}", exc) from None
+        return obj
+
     def patch_plan_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         try:
             self.custom.patch_namespaced_custom_object_status(

@@ -425,6 +425,13 @@ class PlanLoop:
         except PlanError as exc:
             return _not_planned(result, cond.INVALID_PLAN, str(exc))
         result.status["candidateVersion"] = payload.version
+        owner = await asyncio.to_thread(self._other_writer, w)
+        if owner is not None:
+            message = f"the plan of pool {w.pool_name} is published by AffinityPlan {owner}; this one is not applied"
+            result.add(Finding(cond.APPLIED, False, cond.POOL_CLAIMED, message),
+                       Finding(cond.DEGRADED, True, cond.POOL_CLAIMED, message))
+            result.tell("Warning", cond.POOL_CLAIMED, message)
+            return result
         if not w.publish_allowed():
             result.add(Finding(cond.APPLIED, False, "Stopping", "the AffinityPlan is being deleted"))
             return result
@@ -451,6 +458,17 @@ class PlanLoop:
         )
         result.tell("Normal", cond.PLAN_APPLIED, message)
         return result
+
+    def _other_writer(self, w: _Work) -> str | None:
+        """Another AffinityPlan that publishes this pool's plan (Auto or Manual), if any: the first
+        to publish keeps the pool until it is deleted, moved to Shadow or to another pool."""
+        writer = w.current.writer
+        if not writer or writer == self.name:
+            return None
+        other = self.api.get_plan(self.namespace, writer)
+        spec = (other or {}).get("spec") or {}
+        claims = spec.get("mode", "Auto") != "Shadow" and (spec.get("poolRef") or {}).get("name") == w.pool_name
+        return writer if other is not None and claims else None
 
     # --- reporting ---------------------------------------------------------------------------------
 

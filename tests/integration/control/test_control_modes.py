@@ -82,6 +82,13 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     blob = b"".join(plan_files(kube_api, namespace, "llama").values())
     assert b"tenant-a" not in blob and b"tenant-b" not in blob
 
+    # A second AffinityPlan on the same pool does not take it over.
+    create_plan(kube_api, namespace, plan_manifest("intruder", "llama", mode="Manual", controlPeriod="1h",
+                                                    pinned=[{"key": "tenant-z", "destinations": ["llama-0"]}]))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "intruder"), "Applied").get("reason") == "PoolClaimed",
+             timeout=60, what="Applied=False PoolClaimed")
+    assert get_plan(kube_api, namespace, "intruder")["status"].get("planVersion") == obj["status"]["planVersion"]
+
     # A pinned route naming a destination the pool does not have is refused; the plan stays.
     version = obj["status"]["planVersion"]
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
