@@ -332,6 +332,11 @@ class PlanLoop:
             result.add(Finding(cond.APPLIED, False, cond.EMPTY_PLAN, message),
                        Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
             return result
+        if w.spec.mode == "Auto" and same_routing(candidate, previous, addresses=False):
+            # Pods that came back on new addresses: the same routes, nothing to judge.
+            self.metrics.verdict("skipped")
+            figures.update(churn=0.0, forcedChurn=0.0)
+            return await self._apply(w, candidate, figures, payload)
         if not await self._judge(w, candidate, ready, figures):
             return result
         if w.spec.mode == "Shadow":

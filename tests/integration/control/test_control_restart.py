@@ -24,6 +24,7 @@ from tests.support.control import (
     key_label,
     plan_manifest,
     published_plan,
+    set_pool_destinations,
     wait_for_period_after,
     wait_for_window,
     zipf_traffic,
@@ -100,3 +101,17 @@ def test_restarted_operator_replans_from_the_published_plan(env: ControlEnv) -> 
     assert obj["status"]["forcedChurn"] == 0
     # Without the previous plan the drift would have moved far more keys.
     assert moved_share(p1, fresh.plan) > 3 * max(moved_share(p1, p2), 0.05)
+
+    # A destination leaves: the next period re-places its keys, as forced churn.
+    set_pool_destinations(kube_api, namespace, "llama", [(engines[0].address, True), (engines[1].address, False)], KV)
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "llama", {"spec": {"controlPeriod": "2s"}}
+    )
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "PlanApplied"
+             and get_plan(kube_api, namespace, "llama")["status"]["planVersion"] != obj["status"]["planVersion"],
+             timeout=60, what="a plan without the destination that left")
+    p3 = published_plan(kube_api, namespace, "llama")
+    assert p3 is not None and [d.id for d in p3.destinations] == ["llama-0"]
+    assert set(p3.routes().values()) == {("llama-0",)}
+    status = get_plan(kube_api, namespace, "llama")["status"]
+    assert status["forcedChurn"] > 0 and status["churn"] >= status["forcedChurn"]
