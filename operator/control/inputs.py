@@ -109,11 +109,13 @@ def _ordinal_key(dest_id: str) -> tuple[str, int]:
 
 
 def key_extraction(pool: InferencePool) -> KeyExtraction:
+    """The pool's key settings as the plan header carries them (header names in lower case, as
+    HTTP/2 and Envoy deliver them; an empty body field means none)."""
     r = pool.spec.router
     return KeyExtraction(
-        header=r.key_header,
-        body_field=r.body_field,
-        session_header=r.session_header,
+        header=r.key_header.lower(),
+        body_field=r.body_field or None,
+        session_header=r.session_header.lower() if r.session_header else None,
         prompt_prefix_chars=r.prompt_prefix_chars,
     )
 

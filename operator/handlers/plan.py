@@ -47,8 +47,9 @@ def _api() -> ControlApi:
 
 def _events(body: kopf.Body) -> Any:
     def post(kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        # Event messages are limited to 1 KiB by kopf's poster; the condition holds the full text.
-        (kopf.info if kind == "Normal" else kopf.warn)(body, reason=reason, message=message[:1000])
+        # kopf.event, not kopf.info/warn: those obey the logging level set for kopf's own Events.
+        # Messages are cut to 1,000 characters; the condition holds the full text.
+        kopf.event(body, type=kind, reason=reason, message=message[:1000])
 
     return post
 
