@@ -68,7 +68,9 @@ class EventSink(Protocol):
 
 
 class WindowReader(Protocol):
-    async def read_window(self, series: PoolSeries, window_s: float, *, at: int) -> WindowMetrics: ...
+    async def read_window(
+        self, series: PoolSeries, window_s: float, *, at: int, keys: bool = True
+    ) -> WindowMetrics: ...
 
     def close(self) -> None: ...
 
@@ -278,7 +280,8 @@ class PlanLoop:
         window_s = parse_duration(w.spec.metrics_window)
         reader = self.reader_factory(url, parse_duration(w.spec.prometheus.timeout))
         try:
-            read = reader.read_window(PoolSeries(self.namespace, w.pool_name), window_s, at=result.evaluated_at)
+            series = PoolSeries(self.namespace, w.pool_name)
+            read = reader.read_window(series, window_s, at=result.evaluated_at, keys=keys)
             window = result.window = await self._timed_await(result, "query", read)
         except MetricsReadError as exc:
             result.add(Finding(cond.METRICS_AVAILABLE, False, exc.reason, exc.message))

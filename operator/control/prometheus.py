@@ -198,10 +198,11 @@ class PrometheusReader:
             raise MetricsReadError(REASON_ERROR, f"Prometheus at {self.url} answered badly: {_short(exc)}") from exc
         return result
 
-    async def read_window(self, series: PoolSeries, window_s: float, *, at: int) -> WindowMetrics:
-        """All queries of one period, concurrently, evaluated at unix second `at`."""
+    async def read_window(self, series: PoolSeries, window_s: float, *, at: int, keys: bool = True) -> WindowMetrics:
+        """All queries of one period, concurrently, evaluated at unix second `at` (without the
+        per-key ones when `keys` is false)."""
         queries = window_queries(series, window_s)
-        names = list(WindowQueries.__dataclass_fields__)
+        names = [n for n in WindowQueries.__dataclass_fields__ if keys or not n.startswith("key_")]
         calls = [asyncio.to_thread(self._query, getattr(queries, name), at) for name in names]
         try:
             answers = await asyncio.wait_for(asyncio.gather(*calls), timeout=self.timeout_s + 1.0)
@@ -209,7 +210,9 @@ class PrometheusReader:
             raise MetricsReadError(
                 REASON_TIMEOUT, f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s"
             ) from exc
-        return window_from_results(dict(zip(names, answers, strict=True)), evaluated_at=at, window_s=window_s)
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in WindowQueries.__dataclass_fields__}
+        results.update(zip(names, answers, strict=True))
+        return window_from_results(results, evaluated_at=at, window_s=window_s)
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
