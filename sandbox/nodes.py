@@ -46,8 +46,11 @@ def pod_cidr(index: int) -> str:
 
 
 def node_ip(index: int) -> str:
-    # Outside every pod CIDR, so a node address never collides with a pod address.
-    return f"127.2.0.{index + 1}"
+    """Every fake node's kubelet is kwok, on 127.0.0.1: the API server reaches it there for logs.
+
+    The address is outside every pod CIDR, so a node address never collides with a pod address.
+    """
+    return "127.0.0.1"
 
 
 def node_manifest(index: int, node_type: GpuNodeType = H100) -> dict[str, Any]:
@@ -104,17 +107,25 @@ def gpu_scheduling(product: str = H100.product) -> dict[str, Any]:
     }
 
 
-def kwok_configuration(*, server_port: int) -> dict[str, Any]:
-    """kwok's own configuration: which nodes it manages and where its health endpoint listens."""
-    return {
-        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-        "kind": "KwokConfiguration",
-        "options": {
-            "manageAllNodes": False,
-            "manageNodesWithAnnotationSelector": f"{KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
-            "cidr": KWOK_DEFAULT_POD_CIDR,
-            "nodeIP": "127.2.0.254",
-            "serverAddress": f"127.0.0.1:{server_port}",
-            "nodeLeaseDurationSeconds": 40,
-        },
+def kwok_configuration(
+    *, server_port: int, tls: tuple[str, str] | None = None, enable_crds: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """kwok's own configuration: which nodes it manages and where its server listens.
+
+    The server is the fake kubelets' endpoint (`daemonEndpoints` of every node): with `tls`
+    (certificate, key) the API server can reach it for `kubectl logs`.
+    """
+    options: dict[str, Any] = {
+        "manageAllNodes": False,
+        "manageNodesWithAnnotationSelector": f"{KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
+        "cidr": KWOK_DEFAULT_POD_CIDR,
+        "nodeIP": "127.0.0.1",
+        "serverAddress": f"127.0.0.1:{server_port}",
+        "nodePort": server_port,
+        "nodeLeaseDurationSeconds": 40,
     }
+    if tls is not None:
+        options["tlsCertFile"], options["tlsPrivateKeyFile"] = tls
+    if enable_crds:
+        options["enableCRDs"] = list(enable_crds)
+    return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": options}
