@@ -25,6 +25,7 @@ import httpx
 import yaml
 from pydantic import BaseModel
 
+from cacheroute.sandbox import network
 from cacheroute.sandbox import nodes as fake_nodes
 from cacheroute.sandbox import prometheus as prom
 from cacheroute.sandbox.binaries import locate
@@ -86,6 +87,9 @@ class SandboxState(BaseModel):
     client_key: str
     prometheus_url: str | None = None
     prometheus_config: str | None = None
+    pod_network: str = network.LOOPBACK_NETWORK
+    # Whether this sandbox holds a claim on the local route of `pod_network` (see `network`).
+    pod_network_routed: bool = False
     nodes: list[str]
     components: dict[str, ComponentRecord]
     started_at: float
@@ -162,6 +166,10 @@ class Sandbox:
     @property
     def kubeconfig(self) -> Path:
         return Path(self.state.kubeconfig)
+
+    @property
+    def pod_network(self) -> network.PodNetwork:
+        return network.PodNetwork(self.state.pod_network, self.state.pod_network_routed)
 
     @classmethod
     def attach(cls, state_dir: Path) -> Sandbox:
@@ -283,6 +291,7 @@ class Sandbox:
             }
         )
         stop_recorded(self.state_dir)
+        network.release(self.state_dir, self.pod_network)
         if keep_files:
             self.state.components = {}
             self._save()
@@ -340,6 +349,7 @@ def shutdown(state_dir: Path, *, keep_files: bool = False) -> None:
         Sandbox.attach(state_dir).down(keep_files=keep_files)
     elif (state_dir / PID_DIR).is_dir():
         stop_recorded(state_dir)
+        network.release(state_dir, network.PodNetwork(network.LOCAL_NETWORK, routed=True))
         if not keep_files:
             shutil.rmtree(state_dir, ignore_errors=True)
     else:
@@ -466,6 +476,7 @@ class _Starter:
         self.phases: dict[str, float] = {}
         self.started = time.monotonic()
         self.deadline = self.started + options.timeout
+        self.network: network.PodNetwork | None = None
 
     def _remaining(self) -> float:
         return max(1.0, self.deadline - time.monotonic())
@@ -505,6 +516,8 @@ class _Starter:
 
     def abort(self) -> None:
         _stop_in_waves({name: Stoppable(p.pid, p.program, p.popen) for name, p in self.processes.items()}, timeout=5.0)
+        if self.network is not None:
+            network.release(self.state_dir, self.network)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def run(self) -> Sandbox:
@@ -517,6 +530,9 @@ class _Starter:
         ports = dict(zip(names, free_ports(len(names)), strict=True))
         pki = _write_pki(self.state_dir / "pki")
         self._phase("certificates")
+        self.network, fallback = network.claim(self.state_dir)
+        if fallback is not None:
+            self.report(f"pod network: loopback ({fallback}); EndpointSlices will refuse pod addresses")
         context = ssl.create_default_context(cafile=str(pki.ca))
         context.load_cert_chain(*map(str, pki.admin))
 
@@ -541,6 +557,7 @@ class _Starter:
             api_url,
             f"{api_url}/readyz",
         )
+        network.set_owner(self.state_dir, apiserver.pid, apiserver.program)
         kubeconfigs = {
             user: write_kubeconfig(
                 self.state_dir / f"{user}.kubeconfig", server=api_url, ca_pem=pki.ca_pem, client=keypair, user=user
@@ -614,6 +631,8 @@ class _Starter:
             client_key=str(pki.admin[1]),
             prometheus_url=prometheus_url,
             prometheus_config=str(self.state_dir / "prometheus.yml") if prometheus_url else None,
+            pod_network=self.network.cidr if self.network else network.LOOPBACK_NETWORK,
+            pod_network_routed=bool(self.network and self.network.routed),
             nodes=[],
             components=dict(self.records),
             started_at=time.time(),
@@ -759,7 +778,7 @@ class _Starter:
         self.report(f"creating {self.options.nodes} fake GPU nodes")
         created = []
         for index in range(self.options.nodes):
-            manifest = fake_nodes.node_manifest(index)
+            manifest = fake_nodes.node_manifest(index, network=self.network)
             response = api.post("/api/v1/nodes", json=manifest)
             if response.status_code != 201:
                 raise StartError(f"creating node {manifest['metadata']['name']} failed: {response.text}")

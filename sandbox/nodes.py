@@ -1,13 +1,16 @@
 """Fake GPU nodes, as NVIDIA GPU feature discovery and the device plugin would label them.
 
-kwok gives each pod an address from its node's `spec.podCIDR`; node i gets 127.1.i.0/24, so a
-pod's IP is a loopback address that a local process (a vLLM emulator) can listen on.
+kwok gives each pod an address from its node's `spec.podCIDR`, the node's /24 of the sandbox's pod
+network (`sandbox.network`): an address of this machine that a local process (a vLLM emulator, a
+router) can listen on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from cacheroute.sandbox.network import LOOPBACK_NETWORK, PodNetwork
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -41,8 +44,8 @@ def node_name(index: int) -> str:
     return f"kwok-h100-{index}"
 
 
-def pod_cidr(index: int) -> str:
-    return f"127.1.{index}.0/24"
+def pod_cidr(index: int, network: PodNetwork | None = None) -> str:
+    return (network or PodNetwork(LOOPBACK_NETWORK, False)).node_cidr(index)
 
 
 def node_ip(index: int) -> str:
@@ -53,7 +56,7 @@ def node_ip(index: int) -> str:
     return "127.0.0.1"
 
 
-def node_manifest(index: int, node_type: GpuNodeType = H100) -> dict[str, Any]:
+def node_manifest(index: int, node_type: GpuNodeType = H100, network: PodNetwork | None = None) -> dict[str, Any]:
     """The Node object for fake GPU node `index` (0-based), status included."""
     if not 0 <= index < MAX_NODES:
         raise ValueError(f"node index {index} is outside 0..{MAX_NODES - 1}")
@@ -84,8 +87,8 @@ def node_manifest(index: int, node_type: GpuNodeType = H100) -> dict[str, Any]:
             },
         },
         "spec": {
-            "podCIDR": pod_cidr(index),
-            "podCIDRs": [pod_cidr(index)],
+            "podCIDR": pod_cidr(index, network),
+            "podCIDRs": [pod_cidr(index, network)],
             "taints": [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}],
         },
         "status": {

@@ -84,6 +84,8 @@ def run(  # noqa: PLR0917 - one parameter per option
         err.print(f"[red]--log-level {log_level!r} is not one of debug, info, warning, error[/]")
         raise typer.Exit(2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per API request would drown the runtime's own messages.
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
     if sandbox is not None:
         from cacheroute.sandbox.cluster import Sandbox, SandboxError
 

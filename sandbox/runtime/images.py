@@ -9,8 +9,9 @@ repository maps to a driver:
 - `emulator`: a vLLM server, emulated inside the runtime's event loop.
 
 kwok's stages must agree with the runtime on which pods it serves, so both come from one
-registry: `kwok_predicate()` is the same test as `PodImages.served`, written in CEL. Pods owned by
-a Job are never served (they complete as kwok completes them, e.g. memory-profiling Jobs).
+registry: `kwok_predicate()` is the same test as `ImageRegistry.served`, written in CEL. Pods of a
+Job (which carry the Job controller's `batch.kubernetes.io/job-name` label) are never served: they
+complete as kwok completes them (e.g. memory-profiling Jobs).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _HUB_ALIASES = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
 
 CACHEROUTE_REPOSITORY = "ghcr.io/cacheroute/cacheroute"
 VLLM_REPOSITORY = "vllm/vllm-openai"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 DriverKind = Literal["process", "emulator"]
 
@@ -119,8 +121,7 @@ class ImageRegistry:
 
     def served(self, pod: Mapping[str, Any]) -> bool:
         """Whether the runtime (not kwok) runs this pod: a registered image, and no Job owns it."""
-        owners = pod.get("metadata", {}).get("ownerReferences") or []
-        if any(owner.get("kind") == "Job" for owner in owners):
+        if JOB_NAME_LABEL in (pod.get("metadata", {}).get("labels") or {}):
             return False
         containers = pod.get("spec", {}).get("containers") or []
         return any(self.driver(c.get("image")) is not None for c in containers)
@@ -132,10 +133,8 @@ class ImageRegistry:
             for name in _spellings(repo):
                 tests += [f"c.image == '{name}'", f"c.image.startsWith('{name}:')", f"c.image.startsWith('{name}@')"]
         images = " || ".join(tests) or "false"
-        return (
-            f"self.spec.containers.exists(c, {images}) && "
-            "!self.metadata.ownerReferences.exists(o, o.kind == 'Job')"
-        )
+        # kwok's CEL environment knows the pod's containers and labels but not owner references.
+        return f"self.spec.containers.exists(c, {images}) && !('{JOB_NAME_LABEL}' in self.metadata.labels)"
 
     def to_args(self) -> list[str]:
         """The runtime command-line options that rebuild the non-default part of this registry."""

@@ -25,10 +25,10 @@ def test_image_references_normalise_to_their_repository(image: str, repo: str) -
     assert repository(image) == repo
 
 
-def pod(*images: str, owner: str | None = None) -> dict[str, Any]:
+def pod(*images: str, job: str | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "p"}
-    if owner:
-        meta["ownerReferences"] = [{"kind": owner, "name": "o"}]
+    if job:
+        meta["labels"] = {"batch.kubernetes.io/job-name": job}
     return {"metadata": meta, "spec": {"containers": [{"name": f"c{i}", "image": im} for i, im in enumerate(images)]}}
 
 
@@ -37,7 +37,7 @@ def test_served_pods_are_those_with_a_registered_image_and_no_job() -> None:
     assert registry.served(pod("vllm/vllm-openai:v0.11.0"))
     assert registry.served(pod("busybox", "ghcr.io/cacheroute/cacheroute:dev"))
     assert not registry.served(pod("busybox"))
-    assert not registry.served(pod("vllm/vllm-openai:v0.11.0", owner="Job"))
+    assert not registry.served(pod("vllm/vllm-openai:v0.11.0", job="profile"))
     registry.register(parse_image_option("example.com/tools=/bin/true --flag"))
     assert registry.served(pod("example.com/tools:1"))
     assert registry.driver("example.com/tools:1").entrypoint == ("/bin/true", "--flag")  # type: ignore[union-attr]
@@ -48,7 +48,7 @@ def test_kwok_leaves_served_pods_to_the_runtime_and_keeps_its_defaults_for_the_o
     assert "c.image.startsWith('vllm/vllm-openai:')" in predicate
     assert "c.image.startsWith('docker.io/vllm/vllm-openai:')" in predicate
     assert "c.image.startsWith('ghcr.io/cacheroute/cacheroute@')" in predicate
-    assert "o.kind == 'Job'" in predicate
+    assert "!('batch.kubernetes.io/job-name' in self.metadata.labels)" in predicate
     stages = {s["metadata"]["name"]: s for s in pod_stages(predicate)}
     assert set(stages) == {"pod-ready", "pod-complete", "pod-delete", "pod-runtime-assign"}
 

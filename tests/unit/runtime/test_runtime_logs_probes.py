@@ -20,7 +20,8 @@ def test_log_lines_are_framed_as_cri_and_read_back(tmp_path: Path) -> None:
     assert (stream, tag, text) == ("stdout", "F", "first line")
     assert [line.split(" ", 3)[1:] for line in lines[1:3]] == [["stderr", "F", "oops"], ["stdout", "F", "second half"]]
     assert lines[3].split(" ", 3)[2] == "P"
-    assert plain_text(tmp_path / "c" / "0.log").splitlines() == ["first line", "oops", "second half", "x" * (MAX_LINE + 10)]
+    expected = ["first line", "oops", "second half", "x" * (MAX_LINE + 10)]
+    assert plain_text(tmp_path / "c" / "0.log").splitlines() == expected
 
 
 def test_probe_verdicts_need_consecutive_results() -> None:
