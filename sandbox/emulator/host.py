@@ -51,5 +51,10 @@ def serve_standalone(argv: Sequence[str], env: Mapping[str, str]) -> None:
     config = parse_vllm_args(argv, env)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     emulator = Emulator(config, bind_address(config, "127.0.0.1"))
+    runner = asyncio.run
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        runner = uvloop.run  # fewer CPU cycles per request, as in the pod runtime
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(emulator))
+        runner(_serve(emulator))

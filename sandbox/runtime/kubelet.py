@@ -272,17 +272,22 @@ class PodRuntime:
             "spec": {"logs": logs},
         }
         try:
-            await self.client.post(path, body)
-        except ApiError as exc:
-            if exc.status != 409:
-                log.warning("logs of %s/%s not published: %s", worker.namespace, worker.name, exc)
+            try:
+                await self.client.post(path, body)
                 return
-            with contextlib.suppress(ApiError):
-                await self.client.patch(
-                    f"{path}/{worker.name}",
-                    {"metadata": {"ownerReferences": owners}, "spec": {"logs": logs}},
-                    kind="merge-patch",
-                )
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            existing = await self.client.get(f"{path}/{worker.name}")
+            owner_uids = [o.get("uid") for o in existing["metadata"].get("ownerReferences") or []]
+            if owner_uids != [worker.uid]:
+                # Left by an earlier pod of the same name (a StatefulSet's): replace it.
+                await self.client.delete(f"{path}/{worker.name}")
+                await self.client.post(path, body)
+            else:
+                await self.client.patch(f"{path}/{worker.name}", {"spec": {"logs": logs}}, kind="merge-patch")
+        except ApiError as exc:
+            log.warning("logs of %s/%s not published: %s", worker.namespace, worker.name, exc)
 
     async def event(self, pod: Obj, reason: str, message: str, *, kind: str = "Normal") -> None:
         meta = pod["metadata"]

@@ -209,14 +209,13 @@ class PodWorker:
     async def _first_volumes(self) -> bool:
         assert self.volumes is not None
         while not self.terminating.is_set():
+            # Cleared before reading: a change that lands during the render is seen next time.
+            self._volumes_dirty.clear()
             try:
                 await self.volumes.render()
                 return True
-            except podenv.ConfigError as exc:
+            except (podenv.ConfigError, ApiError) as exc:
                 self._waiting_all("ContainerCreating", f"MountVolume.SetUp failed: {exc}")
-            except ApiError as exc:
-                self._waiting_all("ContainerCreating", f"MountVolume.SetUp failed: {exc}")
-            self._volumes_dirty.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._volumes_dirty.wait(), _RETRY_CONFIG_S)
         return False
@@ -235,9 +234,9 @@ class PodWorker:
         while True:
             refresh = self.volumes.next_refresh()
             timeout = None if refresh is None else max(0.5, refresh - time.time())
-            self._volumes_dirty.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._volumes_dirty.wait(), timeout)
+            self._volumes_dirty.clear()
             try:
                 await self.volumes.render()
             except (podenv.ConfigError, ApiError) as exc:
