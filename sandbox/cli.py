@@ -49,6 +49,7 @@ def _print_status(sandbox: Sandbox, console: Console) -> None:
         table.add_row(row.name, state, str(row.pid), row.url or "")
     console.print(table)
     console.print(f"nodes: {', '.join(sandbox.state.nodes)}", soft_wrap=True)
+    console.print(f"pod network: {sandbox.state.pod_network}", soft_wrap=True)
     console.print(f"logs: {sandbox.state_dir / 'logs'}", soft_wrap=True)
 
 

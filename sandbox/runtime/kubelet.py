@@ -28,6 +28,7 @@ from cacheroute.sandbox.emulator.args import ENV_LOAD_SECONDS
 from cacheroute.sandbox.nodes import SANDBOX_NODE_LABEL
 from cacheroute.sandbox.runtime import podenv
 from cacheroute.sandbox.runtime.cache import ObjectCache
+from cacheroute.sandbox.runtime.containers import mount_namespace_problem
 from cacheroute.sandbox.runtime.images import ImageDriver, ImageRegistry, default_registry
 from cacheroute.sandbox.runtime.kube import ApiError, Credentials, KubeClient, list_and_watch
 from cacheroute.sandbox.runtime.pod import PodWorker, now_rfc3339
@@ -373,6 +374,13 @@ class PodRuntime:
             log.info(
                 "pod runtime watching pods of registered images: %s", ", ".join(self.registry.repositories)
             )
+            problem = mount_namespace_problem()
+            if problem is not None:
+                log.warning(
+                    "private mount namespaces (unshare --mount) are not permitted here (%s): containers with "
+                    "volumes will fail to start; run the sandbox as root",
+                    problem,
+                )
             await stop.wait()
         finally:
             await self.shutdown()

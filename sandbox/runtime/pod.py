@@ -319,7 +319,9 @@ class PodWorker:
                 self._status_dirty.set()
                 await self._sleep_or_terminate(_RETRY_CONFIG_S)
                 continue
-            except ContainerStartError as exc:
+            except (ContainerStartError, OSError) as exc:
+                if not isinstance(exc, ContainerStartError):
+                    log.exception("pod %s/%s: container %s did not start", self.namespace, self.name, slot.name)
                 log_file.close()
                 started = now_rfc3339()
                 code = 1 if slot.driver is not None and slot.driver.kind == "emulator" else 128
