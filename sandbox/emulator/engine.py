@@ -65,6 +65,8 @@ class EngineRequest:
     first_token_at: float = math.nan
     finished_at: float = math.nan
     cached_tokens: int = 0
+    # What the reply will say ended it: "length" (max_tokens) or "stop".
+    finish_reason: str = "length"
     # The engine step that produced the first token (its later tokens come one per step).
     first_step: int = -1
     changed: asyncio.Event = field(default_factory=asyncio.Event)

@@ -165,7 +165,7 @@ class Emulator:
                 ttft_s=request.first_token_at - request.arrival,
                 e2e_s=request.finished_at - request.arrival,
                 queue_s=request.scheduled_at - request.arrival,
-                reason="length",
+                reason=request.finish_reason,
             )
 
     # -- plain endpoints -------------------------------------------------------------------------
@@ -280,6 +280,7 @@ class Emulator:
         limit = max_tokens or self.config.default_chat_max_tokens
         reason = "length" if max_tokens else "stop"
         flight = self._submit(prompt, limit)
+        flight.finish_reason = reason
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         if body.get("stream"):
