@@ -120,6 +120,12 @@ def up(
     except (SandboxError, StartError, BinaryNotFoundError, BuildError) as exc:
         raise _fail(console, exc) from None
     console.print(f"sandbox {name!r} up in {sandbox.state.startup_seconds:.1f}s ({sandbox.state_dir})", soft_wrap=True)
+    if not sandbox.state.pod_network_routed:
+        console.print(
+            f"[yellow]warning:[/yellow] pod IPs are loopback addresses ({sandbox.state.pod_network}): the local "
+            "route for the pod network needs root, and EndpointSlices refuse loopback addresses",
+            soft_wrap=True,
+        )
     _print_status(sandbox, console)
     # On stdout alone, so that `eval "$(cacheroute sandbox up)"` points kubectl and helm at it.
     typer.echo(f"export KUBECONFIG={sandbox.kubeconfig}")

@@ -27,6 +27,22 @@ phase: Running
 startTime: {{ $now | Quote }}
 """
 
+# Init containers are not run by kwok nor by the runtime: they are reported done (sidecars running).
+_INIT_DONE = """
+initContainerStatuses:
+{{ range .spec.initContainers }}
+- name: {{ .name | Quote }}
+  image: {{ .image | Quote }}
+  ready: true
+  restartCount: 0
+  {{ if eq .restartPolicy "Always" }}
+  started: true
+  state: {running: {startedAt: {{ $now | Quote }}}}
+  {{ else }}
+  state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ $now | Quote }}, finishedAt: {{ $now | Quote }}}}
+  {{ end }}
+{{ end }}"""
+
 # What kwok does by default: every condition true, every container running and ready.
 _READY = (
     """{{ $now := Now }}
@@ -44,20 +60,8 @@ containerStatuses:
   ready: true
   restartCount: 0
   state: {running: {startedAt: {{ $now | Quote }}}}
-{{ end }}
-initContainerStatuses:
-{{ range .spec.initContainers }}
-- name: {{ .name | Quote }}
-  image: {{ .image | Quote }}
-  ready: true
-  restartCount: 0
-  {{ if eq .restartPolicy "Always" }}
-  started: true
-  state: {running: {startedAt: {{ $now | Quote }}}}
-  {{ else }}
-  state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ $now | Quote }}, finishedAt: {{ $now | Quote }}}}
-  {{ end }}
 {{ end }}"""
+    + _INIT_DONE
     + _ADDRESSES
 )
 
@@ -78,6 +82,7 @@ containerStatuses:
   restartCount: 0
   state: {waiting: {reason: ContainerCreating}}
 {{ end }}"""
+    + _INIT_DONE
     + _ADDRESSES
 )
 

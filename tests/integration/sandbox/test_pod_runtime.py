@@ -271,7 +271,8 @@ def test_restarts_follow_the_restart_policy_and_deletion_honours_the_grace_perio
          "command": ["sh", "-c", "trap 'echo ignoring TERM' TERM; while true; do sleep 0.1; done"]},
     ]
     core.create_namespaced_pod(ns, {"metadata": {"name": "restarts"}, "spec": {
-        **nodes.gpu_scheduling(), "containers": containers, "terminationGracePeriodSeconds": 3}})
+        **nodes.gpu_scheduling(), "containers": containers, "terminationGracePeriodSeconds": 3,
+        "initContainers": [{"name": "init", "image": CACHEROUTE_IMAGE, "command": ["false"]}]}})
 
     def statuses() -> dict[str, Any]:
         pod = core.read_namespaced_pod("restarts", ns)
@@ -279,6 +280,9 @@ def test_restarts_follow_the_restart_policy_and_deletion_honours_the_grace_perio
 
     wait_for(lambda: statuses()["crasher"].restart_count >= 2 and statuses()["unhealthy"].restart_count >= 1,
              timeout=60, what="restarts")
+    # Init containers are reported done, not run (this one would fail).
+    init = core.read_namespaced_pod("restarts", ns).status.init_container_statuses
+    assert [(i.name, i.state.terminated.reason) for i in init] == [("init", "Completed")]
     crasher = statuses()["crasher"]
     assert crasher.last_state.terminated.exit_code == 3
     assert crasher.last_state.terminated.reason == "Error"
