@@ -196,6 +196,9 @@ def emulator(ctx: typer.Context) -> None:
     except EmulatorArgsError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+    except OSError as exc:  # the address is taken, or not this machine's
+        Console(stderr=True).print(f"[red]error:[/red] cannot listen: {exc}")
+        raise typer.Exit(1) from None
 
 
 def _more_commands() -> None:

@@ -89,8 +89,8 @@ class Emulator:
     def url(self) -> str:
         return f"http://{self.address}:{self.config.port}"
 
-    def log(self, message: str) -> None:
-        self._log(f"INFO {time.strftime('%m-%d %H:%M:%S')} [emulator] {message}")
+    def log(self, message: str, level: str = "INFO") -> None:
+        self._log(f"{level} {time.strftime('%m-%d %H:%M:%S')} [emulator] {message}")
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -136,7 +136,7 @@ class Emulator:
         except OSError as exc:
             await runner.cleanup()
             self.failed = exc
-            self.log(f"ERROR cannot listen on {self.url}: {exc}")
+            self.log(f"cannot listen on {self.url}: {exc}", "ERROR")
             raise
         self._runner = runner
         self.log(f"Starting vLLM API server 0 on {self.url}")
