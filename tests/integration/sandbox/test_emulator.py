@@ -170,26 +170,38 @@ async def measure(url: str, requests: list[tuple[float, int, int]], tag: str) ->
         return await asyncio.gather(*(one(client, i, *r) for i, r in enumerate(requests)))
 
 
+def deviations(url: str, requests: list[tuple[float, int, int]], tag: str) -> list[str]:
+    """Requests whose client-side TTFT or latency is off the replay's by more than 10 % (all, described)."""
+    measured = asyncio.run(measure(url, requests, tag))
+    arrivals = [(sent, n_in, n_out) for (sent, _, _), (_, n_in, n_out) in zip(measured, requests, strict=True)]
+    ttft, e2e = replay_of(LARGE, arrivals)
+    off = []
+    for (sent, got_t, got_e), want_t, want_e in zip(measured, ttft, e2e, strict=True):
+        if abs(got_t - want_t) > 0.10 * want_t or abs(got_e - want_e) > 0.10 * want_e:
+            off.append(f"{tag} sent {sent:.3f}: TTFT {got_t:.3f} vs {want_t:.3f}, e2e {got_e:.3f} vs {want_e:.3f}")
+    return off
+
+
 def test_timing_follows_the_replay_engine_for_one_request_and_for_a_batch(tmp_path: Path) -> None:
+    single = [(0.0, 4000, 50)]
+    batch = [
+        (0.0, 8000, 40),
+        # These arrive while the first is in its (0.6 s) prefill step, and join at its end:
+        # chunked prefill over several steps, mixed with the first request's decodes.
+        (0.15, 3000, 30), (0.2, 6000, 60), (0.25, 1200, 20), (0.3, 2500, 80), (0.35, 500, 10),
+    ]
     with emulator_process(LARGE, tmp_path) as emulator:
-        single = [(0.0, 4000, 50)]
-        batch = [
-            (0.0, 8000, 40),
-            # These arrive while the first is in its (0.6 s) prefill step, and join at its end:
-            # chunked prefill over several steps, mixed with the first request's decodes.
-            (0.15, 3000, 30), (0.2, 6000, 60), (0.25, 1200, 20), (0.3, 2500, 80), (0.35, 500, 10),
-        ]
-        for tag, requests in (("single", single), ("batch", batch)):
-            measured = asyncio.run(measure(emulator.url, requests, tag))
-            arrivals = [(sent, n_in, n_out) for (sent, _, _), (_, n_in, n_out) in zip(measured, requests, strict=True)]
-            ttft, e2e = replay_of(LARGE, arrivals)
-            report = [
-                f"sent {sent:.3f}: TTFT {got_t:.3f} vs {want_t:.3f}, e2e {got_e:.3f} vs {want_e:.3f}"
-                for (sent, got_t, got_e), want_t, want_e in zip(measured, ttft, e2e, strict=True)
-            ]
-            for (_, got_ttft, got_e2e), want_ttft, want_e2e in zip(measured, ttft, e2e, strict=True):
-                assert got_ttft == pytest.approx(want_ttft, rel=0.10), (tag, report)
-                assert got_e2e == pytest.approx(want_e2e, rel=0.10), (tag, report)
+        for name, requests in (("single", single), ("batch", batch)):
+            # A loaded machine may stall either process for a moment; one clean run of three must
+            # match in every request, which a systematic difference never would.
+            failures = []
+            for attempt in range(3):
+                off = deviations(emulator.url, requests, f"{name}{attempt}-")
+                if not off:
+                    break
+                failures += off
+            else:
+                pytest.fail("timing differs from the replay's by more than 10 %: " + "; ".join(failures))
 
 
 def test_the_server_listens_only_after_the_model_load_delay(tmp_path: Path) -> None:
