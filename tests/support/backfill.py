@@ -119,11 +119,15 @@ def write_openmetrics(path: Path, specs: Sequence[PoolSeriesSpec], *, start: int
     return samples
 
 
-def create_blocks(openmetrics: Path, data_dir: Path, *, promtool: str = "promtool", timeout: float = 1800) -> None:
-    """`promtool tsdb create-blocks-from openmetrics` into a Prometheus data directory."""
+def create_blocks(openmetrics: Path, data_dir: Path, *, timeout: float = 1800) -> None:
+    """`promtool tsdb create-blocks-from openmetrics` into a Prometheus data directory, with the
+    promtool of the sandbox's Prometheus release (built on first use)."""
+    from cacheroute.sandbox.binaries import ensure
+
+    promtool = ensure(["promtool"])["promtool"].path
     data_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(openmetrics), str(data_dir)],
+        [str(promtool), "tsdb", "create-blocks-from", "openmetrics", "-q", str(openmetrics), str(data_dir)],
         check=True,
         capture_output=True,
         timeout=timeout,
