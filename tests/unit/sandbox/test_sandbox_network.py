@@ -18,7 +18,9 @@ def _claim_in(command_prefix: list[str], tmp_path: Path) -> dict[str, object]:
         f"net, why = n.claim(pathlib.Path({str(tmp_path)!r})); "
         "print(json.dumps({'cidr': net.cidr, 'why': why, 'isolated': n.isolated()}))"
     )
-    done = subprocess.run([*command_prefix, sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*command_prefix, sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     result: dict[str, object] = json.loads(done.stdout)
     return result
@@ -48,7 +50,7 @@ def test_isolate_routes_pod_addresses_inside_only(tmp_path: Path) -> None:
         pytest.skip("no CAP_NET_ADMIN here")
     assert inside == {"cidr": network.LOCAL_NETWORK, "why": None, "isolated": True}
     host_routes = subprocess.run(["ip", "route", "show", "table", "local", network.LOCAL_NETWORK],
-                                 capture_output=True, text=True, timeout=10)
+                                 check=False, capture_output=True, text=True, timeout=10)
     assert network.LOCAL_NETWORK not in host_routes.stdout or network.isolated()
 
 
