@@ -23,8 +23,10 @@ unit: $(STAMP)
 integration: $(STAMP) sandbox-deps
 	$(VENV)/bin/pytest -m integration
 
+## Style, then the dependency contracts of docs/architecture.md (pyproject.toml [tool.importlinter]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
