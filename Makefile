@@ -43,7 +43,7 @@ bench: $(STAMP) sandbox-deps
 	@mkdir -p bench-results
 	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) -m tests.bench.$$(basename $$b .py); done
 
-## Shadow replay of the paper's workload on 30 simulated H100 destinations: table, JSON and plots in demo/.
+## Shadow replay of the paper's workload on 30 modelled H100 destinations: table, JSON and plots in demo/.
 demo: $(STAMP)
 	$(VENV)/bin/cacheroute replay --workload cacheroute-paper --duration 900 --destinations 30 \
 	    --policies p2c,prefix-tree,gie-prefix,preble,cacheroute --qps 120,170,200 --out demo

@@ -313,10 +313,6 @@ def lpt_place(
     return PlacementResult(dest, fleet.load, fleet.room)
 
 
-def normalised(load: F64, weights: F64) -> F64:
-    return load / weights
-
-
 def predicted_load(planned: F64, weights: F64, spread: float) -> F64:
     """Expected load per destination: the planned load plus unplanned traffic water-filled."""
     return planned + water_fill(planned / weights, weights, spread)

@@ -26,7 +26,7 @@ from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
 from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
 from cacheroute.planner.replay.planned import Planned
 from cacheroute.planner.replay.policies import PowerOfTwo
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.replay.window import window_from_stats
 from cacheroute.planner.trace import RequestTrace
 
@@ -92,11 +92,11 @@ def guard(
     ids = tuple(d.id for d in candidate.destinations)
     if not ids:
         raise ValueError("candidate plan has no destinations")
-    cfg = SimConfig(destinations=len(ids), profile=profile, warmup_fraction=s.warmup_fraction,
+    cfg = ReplayConfig(destinations=len(ids), profile=profile, warmup_fraction=s.warmup_fraction,
                     seed=seed, destination_ids=ids)
-    cand = summarize(simulate(window, Planned(candidate), cfg))
-    p2c = summarize(simulate(window, PowerOfTwo(), cfg))
-    cur = summarize(simulate(window, Planned(current), cfg)) if current is not None else None
+    cand = summarize(replay_trace(window, Planned(candidate), cfg))
+    p2c = summarize(replay_trace(window, PowerOfTwo(), cfg))
+    cur = summarize(replay_trace(window, Planned(current), cfg)) if current is not None else None
     limit = p2c.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
     reasons = []
     if cand.ttft_p99_s > s.slo_p99_ttft_s and cand.ttft_p99_s > p2c.ttft_p99_s:

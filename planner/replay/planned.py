@@ -100,7 +100,6 @@ class Planned(Policy):
         """Route by `plan` from now on (None: everything p2c). `keys` limits the key ids looked
         up to those that can be in the plan (the keys of the window it was built from);
         `key_seeded` overrides the policy's way of routing unplanned keys."""
-        self.active_plan = plan
         self._routes = {}
         seeded = self.unplanned == "key-p2c" if key_seeded is None else key_seeded
         self._rule = RoutingRule(

@@ -21,7 +21,7 @@ from cacheroute.planner.replay.engine import Engine, RequestTable
 from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.replay.planned import Planned
 from cacheroute.planner.replay.policy import RouterView
-from cacheroute.planner.replay.simulator import destination_ids
+from cacheroute.planner.replay.run import destination_ids
 from cacheroute.planner.routing import P2C, PLANNED, SPILLED
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 from cacheroute.router.endpoints import EndpointPool
@@ -94,7 +94,7 @@ def router_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     return out
 
 
-def replay_trace(requests: Sequence[str | None]) -> RequestTrace:
+def trace_of(requests: Sequence[str | None]) -> RequestTrace:
     names = sorted({k for k in requests if k is not None})
     n = len(requests)
     return RequestTrace(
@@ -110,7 +110,7 @@ def replay_trace(requests: Sequence[str | None]) -> RequestTrace:
 
 
 def replay_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
-    trace = replay_trace(state.requests)
+    trace = trace_of(state.requests)
     req = RequestTable(trace.arrival_s.tolist(), trace.input_tokens.tolist(), trace.output_tokens.tolist())
 
     def blocks(i: int) -> list[int]:
