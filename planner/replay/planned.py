@@ -135,11 +135,12 @@ class Planned(Policy):
     def route(self, i: int, now: float) -> int:
         k = self.view.key[i]
         if k == NO_KEY:
-            return self._rule.p2c(self._usable)
-        outcome, d = self._rule.choose(self._hash_list[k], self._routes.get(k), self._usable)
-        if outcome is PLANNED:
+            outcome, d = self._rule.choose(None, None, self._usable)
+        else:
+            outcome, d = self._rule.choose(self._hash_list[k], self._routes.get(k), self._usable)
+        if outcome == PLANNED:
             self.planned_requests += 1
-        elif outcome is SPILLED:
+        elif outcome == SPILLED:
             self.spilled_requests += 1
         return d
 
