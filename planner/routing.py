@@ -50,6 +50,7 @@ class Loads(Protocol[D_contra]):
 
 
 def check_spill(threshold: float, slack: float) -> None:
+    """Refuse spill settings out of range (for settings at the edges; the rule itself takes any)."""
     if not threshold > 0:
         raise ValueError(f"spill threshold must be positive, got {threshold}")
     if not slack >= 0:
@@ -102,7 +103,6 @@ class RoutingRule(Generic[D]):
         spill_slack: float = DEFAULT_SPILL_SLACK,
         key_candidates: Callable[[int], tuple[D, D]] | None = None,
     ) -> None:
-        check_spill(spill_threshold, spill_slack)
         self._load = loads.load
         self._mean = loads.mean
         self._draw = draw

@@ -15,6 +15,7 @@ from cacheroute.planner.routing import (
     PLANNED,
     SPILLED,
     RoutingRule,
+    check_spill,
     ring_candidates,
 )
 
@@ -125,7 +126,8 @@ def test_p2c_prefers_the_lighter_of_two_draws_and_never_the_excluded() -> None:
 @pytest.mark.parametrize(("threshold", "slack"), [(0.0, 2.0), (-1.0, 2.0), (1.5, -0.5), (float("nan"), 1.0)])
 def test_spill_settings_out_of_range_are_refused(threshold: float, slack: float) -> None:
     with pytest.raises(ValueError, match="spill"):
-        rule_for(idle(), spill_threshold=threshold, spill_slack=slack)
+        check_spill(threshold, slack)
+    check_spill(1.0, 0.0)
 
 
 def test_memoised_ring_candidates_equal_the_ring_s_own() -> None:
