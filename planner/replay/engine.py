@@ -97,6 +97,12 @@ class Engine:
         self.tokens = 0
         self.steps = 0
 
+    # -- scraped metrics ---------------------------------------------------------------------
+
+    def kv_usage(self) -> float:
+        """`vllm:kv_cache_usage_perc` / 100: the share of KV blocks running sequences hold."""
+        return self.cache.usage()
+
     # -- events -----------------------------------------------------------------------------
 
     def enqueue(self, r: int, now: float) -> bool:
