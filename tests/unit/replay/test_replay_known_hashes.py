@@ -8,7 +8,7 @@ from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Destination
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.replay.planned import Planned
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.replay.window import window_from_stats
 
 
@@ -38,6 +38,6 @@ def test_a_plan_keyed_by_known_hashes_is_followed_in_replay() -> None:
     assert len(plan) == len(stats)
     window = window_from_stats(stats, duration_s=120)
     policy = Planned(plan)
-    simulate(window, policy, SimConfig(destinations=4, destination_ids=tuple(d.id for d in dests)))
+    replay_trace(window, policy, ReplayConfig(destinations=4, destination_ids=tuple(d.id for d in dests)))
     # Every request is of a planned key: the replay must find each one in the plan.
     assert policy.planned_requests + policy.spilled_requests == len(window)
