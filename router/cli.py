@@ -244,3 +244,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# The router pod's Envoy container (`cacheroute router envoy`), kept in its own module.
+from cacheroute.router import sidecar as _sidecar  # noqa: E402
+
+_sidecar.register(app)

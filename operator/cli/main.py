@@ -13,6 +13,7 @@ from rich.console import Console
 from cacheroute.operator.api.crdgen import MODELS, crd_file_name, render, write_crds
 from cacheroute.operator.api.manifests import ManifestError, documents, parse_resource
 from cacheroute.operator.cli import memory as memory_commands
+from cacheroute.operator.cli import operator as operator_commands
 from cacheroute.operator.cli import plan as plan_commands
 from cacheroute.operator.cli import replay as replay_commands
 from cacheroute.operator.version import package_version
@@ -89,7 +90,7 @@ def validate(
 
 # Sub-commands of the other components, imported explicitly so that every tool following imports
 # sees the links (and the import contracts in pyproject.toml can check them).
-for _commands in (plan_commands, replay_commands, memory_commands):
+for _commands in (plan_commands, replay_commands, memory_commands, operator_commands):
     _commands.register(app)
 app.add_typer(router_app, name="router")
 app.add_typer(sandbox_app, name="sandbox")
