@@ -132,7 +132,7 @@ def settings_for(options: RunOptions) -> kopf.OperatorSettings:
     settings.execution.max_workers = options.workers
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.batching.worker_limit = options.workers * 4
+    settings.queueing.worker_limit = options.workers * 4
     return settings
 
 

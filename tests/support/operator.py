@@ -246,11 +246,10 @@ class Pools:
                 return True
             return False
 
-        last = lambda: self.condition(name, kind)  # noqa: E731 - evaluated only for the failure message
         try:
             wait_until(check, timeout=timeout, what=f"{name} {kind}={status} ({reason})", interval=0.2)
         except Exception as exc:
-            raise AssertionError(f"{exc}; last {kind}: {last()}") from None
+            raise AssertionError(f"{exc}; last {kind}: {self.condition(name, kind)}") from None
         return found[0]
 
     def await_status(

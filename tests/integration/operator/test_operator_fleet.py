@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -44,7 +45,7 @@ def owned_objects(kube_api: Any, namespace: str, name: str) -> dict[str, Any]:
     """Every object the contract says a pool owns, None where missing."""
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     policy, rbac = client.PolicyV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
-    readers = {
+    readers: dict[str, Callable[[], Any]] = {
         "StatefulSet": lambda: apps.read_namespaced_stateful_set(name, namespace),
         "Service": lambda: core.read_namespaced_service(name, namespace),
         "PodDisruptionBudget": lambda: policy.read_namespaced_pod_disruption_budget(name, namespace),
@@ -146,7 +147,7 @@ def extra_node(kube_api: Any, index: int) -> Any:
         yield name
     finally:
         def on_node() -> list[Any]:
-            return core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
+            return list(core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items)
 
         with contextlib.suppress(Exception):
             until(lambda: not on_node(), f"pods off {name}", timeout=60)
