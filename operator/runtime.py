@@ -21,6 +21,7 @@ from typing import Any
 import kopf
 
 from cacheroute.operator import context
+from cacheroute.operator.api.peering import PEERING_GROUP, PEERING_VERSION
 from cacheroute.operator.config import OperatorConfig
 from cacheroute.operator.fleet.cluster import Cluster, KubeError
 
@@ -28,8 +29,6 @@ log = logging.getLogger("cacheroute.operator")
 
 FINALIZER = "cacheroute.dev/operator"
 ANNOTATION_PREFIX = "cacheroute.dev"
-PEERING_GROUP = "kopf.dev"
-PEERING_VERSION = "v1"
 # `--priority auto`: a random priority from this range, distinct per replica with near certainty.
 AUTO_PRIORITY_RANGE = (1, 2**31 - 1)
 

@@ -10,7 +10,7 @@ import typer
 import yaml
 from rich.console import Console
 
-from cacheroute.operator.api.crdgen import MODELS, crd_file_name, render, write_crds
+from cacheroute.operator.api.crdgen import rendered_files, write_crds
 from cacheroute.operator.api.manifests import ManifestError, documents, parse_resource
 from cacheroute.operator.cli import memory as memory_commands
 from cacheroute.operator.cli import operator as operator_commands
@@ -49,9 +49,9 @@ def crds(
     """Generate the CustomResourceDefinitions from the typed models."""
     if check:
         stale = [
-            crd_file_name(m)
-            for m in MODELS
-            if not (out / crd_file_name(m)).is_file() or (out / crd_file_name(m)).read_text("utf-8") != render(m)
+            name
+            for name, text in rendered_files().items()
+            if not (out / name).is_file() or (out / name).read_text("utf-8") != text
         ]
         if stale:
             err.print(f"[red]out of date in {out}:[/] {', '.join(stale)} — run `cacheroute crds --out {out}`")
