@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from cacheroute.operator import metrics
 from cacheroute.operator.api.common import GROUP, VERSION
 from cacheroute.operator.api.manifests import field_errors
 from cacheroute.operator.api.pool import InferencePoolSpec
@@ -119,12 +120,19 @@ async def _pass(*, body: Any, memo: Any, logger: Any, indexes: Mapping[str, Any]
             RECONCILER.reconcile, pool, spec, generation, facts=facts, previous_status=previous, mem=mem,
             emit=lambda kind, reason, message: events.append((kind, reason, message)), full=full,
         )
+        kind = "full" if full else "status"
+        started = time.monotonic()
+        outcome = "error"
         try:
             await asyncio.get_running_loop().run_in_executor(CTX.executor, work)
+            outcome = "ok"
         finally:
-            for kind, reason, message in events:
+            metrics.PASSES.labels(kind, outcome).inc()
+            metrics.PASS_SECONDS.labels(kind).observe(time.monotonic() - started)
+            for event_type, reason, message in events:
+                metrics.EVENTS.labels(reason).inc()
                 logger.info(f"{reason}: {message}", extra={"event_reason": reason, "pool": pool.name})
-                kopf.event(body, type=kind, reason=reason, message=message[:1024])
+                kopf.event(body, type=event_type, reason=reason, message=message[:1024])
 
 
 @kopf.on.resume(GROUP, VERSION, POOLS, backoff=5)

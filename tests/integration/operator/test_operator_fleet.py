@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client
 
@@ -104,6 +105,10 @@ def test_pool_becomes_four_replicas_on_h100s_with_the_memory_plan_and_a_router(f
     assert status["memoryPlan"]["source"] == "Analytic"
     assert status["memoryPlan"]["kvCacheMemoryBytes"] == int(flags[flags.index("--kv-cache-memory-bytes") + 1])
     assert status["observedGeneration"] == 1
+
+    exported = httpx.get(f"http://127.0.0.1:{fleet.operator.health_port}/metrics", timeout=5).text
+    assert 'cacheroute_operator_reconcile_passes_total{kind="full",outcome="ok"}' in exported
+    assert 'cacheroute_operator_events_total{reason="MemoryPlanned"} 1.0' in exported
 
 
 def test_scaling_adds_the_next_ordinals_and_removes_the_highest(fleet: Fleet, kube_api: Any) -> None:
