@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 
 from cacheroute.operator import context
-from cacheroute.operator.api.peering import PEERING_GROUP, PEERING_VERSION
+from cacheroute.operator.api.peering import PEERING_FILE, PEERING_GROUP, PEERING_VERSION
 from cacheroute.operator.config import OperatorConfig
 from cacheroute.operator.fleet.cluster import Cluster, KubeError
 
@@ -111,6 +111,10 @@ def ensure_peering(cluster: Cluster, options: RunOptions) -> None:
         try:
             cluster.post(path, body)
         except KubeError as exc:
+            if exc.status == 404:
+                where = f"namespace {namespace} or " if namespace else ""
+                raise KubeError(404, f"peering: {where}kopf's peering CRDs missing (install crds/{PEERING_FILE}, "
+                                     "or run with --standalone)") from None
             if exc.status != 409:
                 raise
 

@@ -117,9 +117,13 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         workers=workers,
         log_level=log_level,
     )
+    from kubernetes.config import ConfigException
+
+    from cacheroute.operator.fleet.cluster import KubeError
+
     try:
         runtime.run(options)
-    except OSError as exc:
+    except (OSError, KubeError, ConfigException) as exc:
         err.print(f"[red]operator failed: {exc}[/]")
         raise typer.Exit(1) from None
 

@@ -92,10 +92,18 @@ class Reconciler:
     # --- memory plan -------------------------------------------------------------------------------
 
     def _memory(
-        self, pool: names.PoolRef, spec: InferencePoolSpec, generation: int, mem: PoolMemory, emit: EventSink
+        self,
+        pool: names.PoolRef,
+        spec: InferencePoolSpec,
+        generation: int,
+        mem: PoolMemory,
+        emit: EventSink,
+        *,
+        full: bool,
     ) -> MemoryOutcome:
+        """The memory outcome; decided again on full passes, spec changes and while profiling."""
         fresh = mem.memory is not None and mem.memory_generation == generation and mem.memory.state != "Profiling"
-        if fresh and mem.memory is not None:
+        if fresh and not full and mem.memory is not None:
             return mem.memory
         inputs = ClusterMemoryInputs(self.cluster, pool.namespace)
         outcome, job = decide(pool, spec, inputs, now=self.now(), profiling=self.config.profiling)
@@ -180,7 +188,7 @@ class Reconciler:
         full: bool,
     ) -> dict[str, Any]:
         """Apply the objects (when `full` or the spec changed), then write the status if it changed."""
-        memory = self._memory(pool, spec, generation, mem, emit)
+        memory = self._memory(pool, spec, generation, mem, emit, full=full)
         if full or mem.applied_generation != generation:
             mem.applied_generation = generation
             self._apply_all(pool, spec, memory, mem, emit)
