@@ -1,7 +1,7 @@
 """What the operator process was started with, for the kopf handler modules to read.
 
 The runtime sets it before it imports the handler modules: kopf registers handlers (and their
-timer intervals) at import time.
+intervals) at import time.
 """
 
 from __future__ import annotations

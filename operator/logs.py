@@ -55,22 +55,27 @@ class TextFormatter(logging.Formatter):
         return super().format(record)
 
 
-class QuietTimers(logging.Filter):
-    """kopf reports every successful timer run at info level: a line per pool per tick."""
+# Handlers that run on every watch event of pods and the like: their successes are not news.
+ROUTINE_HANDLERS = ("pool_object_changed",)
+
+
+class QuietRoutine(logging.Filter):
+    """kopf reports every successful run at info level: drop timers' and per-event handlers' successes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.levelno <= logging.INFO
-            and record.name.startswith("kopf")
-            and record.getMessage().startswith("Timer '")
-            and record.getMessage().endswith("succeeded.")
-        )
+        if record.levelno > logging.INFO or not record.name.startswith("kopf"):
+            return True
+        message = record.getMessage()
+        if not message.endswith("succeeded."):
+            return True
+        routine = message.startswith("Timer '") or any(message == f"Handler '{h}' succeeded." for h in ROUTINE_HANDLERS)
+        return not routine
 
 
 def configure(level: str = "info", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(QuietTimers())
+    handler.addFilter(QuietRoutine())
     root = logging.getLogger()
     for existing in list(root.handlers):
         root.removeHandler(existing)

@@ -1,13 +1,15 @@
-"""InferencePool handlers: a pass of `fleet.reconcile` on every change, at resume, and on a timer.
+"""InferencePool handlers: a pass of `fleet.reconcile` on every change, at resume, and from a daemon.
 
-The timer ticks every `status_seconds` (status from the watch caches) and re-applies every owned
-object every `resync_seconds` (drift repair). Watch caches (kopf indexes) of the engine pods, the
-StatefulSets and the router Deployments feed the status without extra API calls.
+Each pool's daemon runs a status pass whenever one of its engine pods, its StatefulSet or its router
+Deployment changes (so Ready follows the pods within moments), and at the latest every
+`status_seconds`; a pass re-applies every owned object every `resync_seconds` (drift repair). Watch
+caches (kopf indexes) of those objects feed the status without extra API calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -142,8 +144,43 @@ async def pool_changed(*, body: Any, memo: Any, logger: Any, **kwargs: Any) -> N
     await _pass(body=body, memo=memo, logger=logger, indexes=kwargs, full=True)
 
 
-@kopf.timer(GROUP, VERSION, POOLS, interval=CTX.status_seconds, initial_delay=CTX.status_seconds)
-async def pool_tick(*, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
+# Set when an object of the pool changes: its daemon runs a status pass now rather than at the tick.
+_CHANGED: dict[tuple[str, str], asyncio.Event] = {}
+
+
+def _changed(namespace: str | None, pool: str | None) -> asyncio.Event | None:
+    if namespace is None or pool is None:
+        return None
+    return _CHANGED.setdefault((namespace, pool), asyncio.Event())
+
+
+@kopf.on.event("pods", labels=ENGINE)
+@kopf.on.event("statefulsets", labels=ENGINE)
+@kopf.on.event("deployments", labels=ROUTER)
+async def pool_object_changed(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    flag = _changed(namespace, labels.get(names.POOL))
+    if flag is not None:
+        flag.set()
+
+
+@kopf.daemon(GROUP, VERSION, POOLS, cancellation_timeout=10)
+async def pool_status(*, stopped: Any, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
     _state(memo)
-    full = time.monotonic() - float(memo["last_full"]) >= CTX.resync_seconds
-    await _pass(body=body, memo=memo, logger=logger, indexes=kwargs, full=full)
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    flag = _changed(*key)
+    assert flag is not None
+    try:
+        while not stopped:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flag.wait(), timeout=CTX.status_seconds)
+            flag.clear()
+            if stopped:
+                return
+            full = time.monotonic() - float(memo["last_full"]) >= CTX.resync_seconds
+            try:
+                await _pass(body=body, memo=memo, logger=logger, indexes=kwargs, full=full)
+            except Exception as exc:  # the next change or tick tries again
+                logger.error(f"status pass failed: {exc}")
+    finally:
+        _CHANGED.pop(key, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from cacheroute.operator.logs import JsonFormatter, QuietTimers
+from cacheroute.operator.logs import JsonFormatter, QuietRoutine
 
 
 def record(name: str, level: int, message: str, **extra: object) -> logging.LogRecord:
@@ -32,7 +32,10 @@ def test_object_and_event_fields_travel_as_json() -> None:
     assert out["ts"].endswith("Z")
 
 
-def test_successful_timer_runs_are_not_logged_but_failures_are() -> None:
-    quiet = QuietTimers()
+def test_routine_successes_are_not_logged_but_failures_and_pool_handlers_are() -> None:
+    quiet = QuietRoutine()
     assert not quiet.filter(record("kopf.objects", logging.INFO, "Timer 'pool_tick' succeeded."))
-    assert quiet.filter(record("kopf.objects", logging.ERROR, "Timer 'pool_tick' failed with an exception."))
+    assert not quiet.filter(record("kopf.objects", logging.INFO, "Handler 'pool_object_changed' succeeded."))
+    assert quiet.filter(record("kopf.objects", logging.INFO, "Handler 'pool_changed' succeeded."))
+    failed = "Handler 'pool_object_changed' failed with an exception."
+    assert quiet.filter(record("kopf.objects", logging.ERROR, failed))
