@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from cacheroute.router import eventloop
+from cacheroute.router import eventloop, sidecar
 from cacheroute.router.settings import (
     BODY_MODES,
     DEFAULT_GRPC_PORT,
@@ -238,15 +238,13 @@ def envoy_config(
     typer.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
 
 
+# The router pod's Envoy container (`cacheroute router envoy`), kept in its own module.
+sidecar.register(app)
+
+
 def main() -> None:
     app()
 
 
 if __name__ == "__main__":
     main()
-
-
-# The router pod's Envoy container (`cacheroute router envoy`), kept in its own module.
-from cacheroute.router import sidecar as _sidecar  # noqa: E402
-
-_sidecar.register(app)
