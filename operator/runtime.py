@@ -68,17 +68,22 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def api_client(kubeconfig: Path | None) -> Any:
-    """A kubernetes ApiClient: the kubeconfig given, else in-cluster credentials, else ~/.kube/config."""
+def api_client(kubeconfig: Path | None, connections: int = 32) -> Any:
+    """A kubernetes ApiClient: the kubeconfig given, else in-cluster credentials, else ~/.kube/config.
+
+    `connections` kept open: one per worker thread, or every burst pays new TLS handshakes.
+    """
     from kubernetes import client, config
 
-    if kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(kubeconfig))
     configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        return config.new_client_from_config()
+    if kubeconfig is not None:
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = connections
     return client.ApiClient(configuration)
 
 
@@ -187,13 +192,14 @@ async def _main(options: RunOptions) -> None:
 
 
 def run(options: RunOptions) -> None:
-    api = api_client(options.kubeconfig)
+    api = api_client(options.kubeconfig, connections=options.workers + max(2, options.workers // 4) + 4)
     cluster = Cluster(api)
     context.set_context(
         context.OperatorContext(
             config=options.config,
             cluster=cluster,
             executor=ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="reconcile"),
+            status_executor=ThreadPoolExecutor(max_workers=max(2, options.workers // 4), thread_name_prefix="status"),
             resync_seconds=options.resync_seconds,
             status_seconds=options.status_seconds,
             prometheus_url=options.prometheus_url,

@@ -50,7 +50,7 @@ def plain(value: Any) -> Any:
 def engine_pods(
     *, namespace: str | None, labels: Mapping[str, str], body: Any, **_: Any
 ) -> dict[Any, PodFacts] | None:
-    facts = pod_facts(plain(body))
+    facts = pod_facts(body)
     pool = labels.get(names.POOL)
     return {(namespace, pool): facts} if facts is not None and pool else None
 
@@ -60,7 +60,7 @@ def engine_statefulsets(
     *, namespace: str | None, name: str, labels: Mapping[str, str], body: Any, **_: Any
 ) -> dict[Any, WorkloadFacts] | None:
     pool = labels.get(names.POOL)
-    return {(namespace, pool): workload_facts(plain(body))} if pool == name else None
+    return {(namespace, pool): workload_facts(body)} if pool == name else None
 
 
 @kopf.index("deployments", labels=ROUTER)
@@ -68,7 +68,7 @@ def router_deployments(
     *, namespace: str | None, name: str, labels: Mapping[str, str], body: Any, **_: Any
 ) -> dict[Any, WorkloadFacts] | None:
     pool = labels.get(names.POOL)
-    return {(namespace, pool): workload_facts(plain(body))} if pool and name == f"{pool}-router" else None
+    return {(namespace, pool): workload_facts(body)} if pool and name == f"{pool}-router" else None
 
 
 def _one(store: Iterable[WorkloadFacts] | None) -> WorkloadFacts | None:
@@ -126,7 +126,8 @@ async def _pass(*, body: Any, memo: Any, logger: Any, indexes: Mapping[str, Any]
         started = time.monotonic()
         outcome = "error"
         try:
-            await asyncio.get_running_loop().run_in_executor(CTX.executor, work)
+            executor = CTX.executor if full or CTX.status_executor is None else CTX.status_executor
+            await asyncio.get_running_loop().run_in_executor(executor, work)
             outcome = "ok"
         finally:
             metrics.PASSES.labels(kind, outcome).inc()
@@ -144,6 +145,7 @@ async def pool_changed(*, body: Any, memo: Any, logger: Any, **kwargs: Any) -> N
     await _pass(body=body, memo=memo, logger=logger, indexes=kwargs, full=True)
 
 
+COALESCE_SECONDS = 0.25
 # Set when an object of the pool changes: its daemon runs a status pass now rather than at the tick.
 _CHANGED: dict[tuple[str, str], asyncio.Event] = {}
 
@@ -174,6 +176,8 @@ async def pool_status(*, stopped: Any, body: Any, memo: Any, logger: Any, **kwar
         while not stopped:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(flag.wait(), timeout=CTX.status_seconds)
+                # Replicas change in bursts: one pass for the burst, not one per pod.
+                await asyncio.sleep(COALESCE_SECONDS)
             flag.clear()
             if stopped:
                 return
