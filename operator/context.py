@@ -6,22 +6,19 @@ intervals) at import time.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cacheroute.operator.config import OperatorConfig
 from cacheroute.operator.fleet.cluster import Cluster
+from cacheroute.operator.work import PriorityExecutor
 
 
 @dataclass(frozen=True)
 class OperatorContext:
     config: OperatorConfig
     cluster: Cluster
-    # Blocking API work of handlers runs here, off kopf's event loop: full passes (which create and
-    # repair objects) in one pool, status-only passes in another, so a burst of pod changes never
-    # delays the creation of a new pool's objects.
-    executor: ThreadPoolExecutor
-    status_executor: ThreadPoolExecutor | None = None
+    # Blocking API work of handlers runs here, off kopf's event loop, most urgent first.
+    work: PriorityExecutor
     # Full re-apply of every owned object (repairs drift); the status is refreshed more often.
     resync_seconds: float = 60.0
     status_seconds: float = 5.0

@@ -13,7 +13,6 @@ import logging
 import pkgutil
 import random
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from cacheroute.operator import context
 from cacheroute.operator.api.peering import PEERING_FILE, PEERING_GROUP, PEERING_VERSION
 from cacheroute.operator.config import OperatorConfig
 from cacheroute.operator.fleet.cluster import Cluster, KubeError
+from cacheroute.operator.work import PriorityExecutor
 
 log = logging.getLogger("cacheroute.operator")
 
@@ -192,14 +192,13 @@ async def _main(options: RunOptions) -> None:
 
 
 def run(options: RunOptions) -> None:
-    api = api_client(options.kubeconfig, connections=options.workers + max(2, options.workers // 4) + 4)
+    api = api_client(options.kubeconfig, connections=options.workers + 4)
     cluster = Cluster(api)
     context.set_context(
         context.OperatorContext(
             config=options.config,
             cluster=cluster,
-            executor=ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="reconcile"),
-            status_executor=ThreadPoolExecutor(max_workers=max(2, options.workers // 4), thread_name_prefix="status"),
+            work=PriorityExecutor(options.workers),
             resync_seconds=options.resync_seconds,
             status_seconds=options.status_seconds,
             prometheus_url=options.prometheus_url,

@@ -45,8 +45,13 @@ class PoolMemory:
 
 @dataclass(frozen=True)
 class DesiredObjects:
-    """Everything a pool owns, as it should be; `create_only` objects are never overwritten."""
+    """Everything a pool owns, as it should be.
 
+    `engine` objects are applied first (the replicas take longest to come up), then `apply`;
+    `create_only` objects are created when missing and never overwritten.
+    """
+
+    engine: list[dict[str, Any]]
     apply: list[dict[str, Any]]
     create_only: list[dict[str, Any]]
     gie: dict[str, Any] | None
@@ -55,21 +60,20 @@ class DesiredObjects:
 def desired_objects(
     pool: names.PoolRef, spec: InferencePoolSpec, memory: MemoryOutcome, config: OperatorConfig
 ) -> DesiredObjects:
-    apply: list[dict[str, Any]] = []
+    engine: list[dict[str, Any]] = []
     if memory.planned and memory.plan is not None:
-        # First: the StatefulSet is what takes longest to come up.
-        apply.append(statefulset.build_statefulset(pool, spec, memory.plan, config.engine))
-    apply += [
-        services.build_headless_service(pool, spec),
-        pdb.build_pdb(pool),
-        router.build_service_account(pool),
-        router.build_role(pool),
-        router.build_role_binding(pool),
-        router.build_deployment(pool, spec, config),
-        services.build_router_service(pool),
-    ]
+        engine.append(statefulset.build_statefulset(pool, spec, memory.plan, config.engine))
+    engine.append(services.build_headless_service(pool, spec))
     return DesiredObjects(
-        apply=apply,
+        engine=engine,
+        apply=[
+            pdb.build_pdb(pool),
+            router.build_service_account(pool),
+            router.build_role(pool),
+            router.build_role_binding(pool),
+            router.build_deployment(pool, spec, config),
+            services.build_router_service(pool),
+        ],
         create_only=planmap.build_plan_configmaps(pool, spec),
         gie=gie.build_gie_pool(pool, spec) if spec.gie.enabled else None,
     )
@@ -127,11 +131,8 @@ class Reconciler:
 
     # --- objects -----------------------------------------------------------------------------------
 
-    def _apply_all(
-        self, pool: names.PoolRef, spec: InferencePoolSpec, memory: MemoryOutcome, mem: PoolMemory, emit: EventSink
-    ) -> None:
-        desired = desired_objects(pool, spec, memory, self.config)
-        for obj in desired.apply:
+    def _apply(self, objects: list[dict[str, Any]], mem: PoolMemory, emit: EventSink) -> None:
+        for obj in objects:
             key = _key(obj)
             if obj["kind"] == "StatefulSet":
                 digest = _digest(obj["spec"]["template"])
@@ -144,6 +145,10 @@ class Reconciler:
             if key in mem.uids and mem.uids[key] != uid:
                 emit("Warning", "Recreated", f"{key} had been deleted; created it again")
             mem.uids[key] = uid
+
+    def _apply_rest(self, pool: names.PoolRef, spec: InferencePoolSpec, desired: DesiredObjects, mem: PoolMemory,
+                    emit: EventSink) -> None:
+        self._apply(desired.apply, mem, emit)
         for obj in desired.create_only:
             if self.cluster.create_if_missing(obj) and _key(obj) in mem.uids:
                 emit("Warning", "Recreated", f"{_key(obj)} had been deleted; created it again, holding an empty plan")
@@ -175,6 +180,37 @@ class Reconciler:
 
     # --- a pass ------------------------------------------------------------------------------------
 
+    def engine_stage(
+        self, pool: names.PoolRef, spec: InferencePoolSpec, generation: int, *, mem: PoolMemory, emit: EventSink,
+        full: bool,
+    ) -> MemoryOutcome:
+        """The memory plan, and (when `full` or the spec changed) the StatefulSet and headless Service."""
+        memory = self._memory(pool, spec, generation, mem, emit, full=full)
+        if full or mem.applied_generation != generation:
+            self._apply(desired_objects(pool, spec, memory, self.config).engine, mem, emit)
+        return memory
+
+    def rest_stage(
+        self,
+        pool: names.PoolRef,
+        spec: InferencePoolSpec,
+        generation: int,
+        *,
+        memory: MemoryOutcome,
+        facts: status.FleetFacts,
+        previous_status: Mapping[str, Any],
+        mem: PoolMemory,
+        emit: EventSink,
+        full: bool,
+    ) -> dict[str, Any]:
+        """The other owned objects (when `full` or the spec changed), then the status if it changed."""
+        if full or mem.applied_generation != generation:
+            mem.applied_generation = generation
+            self._apply_rest(pool, spec, desired_objects(pool, spec, memory, self.config), mem, emit)
+        return self.write_status(
+            pool, spec, generation, memory=memory, facts=facts, previous_status=previous_status, mem=mem, emit=emit
+        )
+
     def reconcile(
         self,
         pool: names.PoolRef,
@@ -187,13 +223,11 @@ class Reconciler:
         emit: EventSink,
         full: bool,
     ) -> dict[str, Any]:
-        """Apply the objects (when `full` or the spec changed), then write the status if it changed."""
-        memory = self._memory(pool, spec, generation, mem, emit, full=full)
-        if full or mem.applied_generation != generation:
-            mem.applied_generation = generation
-            self._apply_all(pool, spec, memory, mem, emit)
-        return self.write_status(
-            pool, spec, generation, memory=memory, facts=facts, previous_status=previous_status, mem=mem, emit=emit
+        """A whole pass: both stages in a row."""
+        memory = self.engine_stage(pool, spec, generation, mem=mem, emit=emit, full=full)
+        return self.rest_stage(
+            pool, spec, generation, memory=memory, facts=facts, previous_status=previous_status, mem=mem, emit=emit,
+            full=full,
         )
 
     def write_status(

@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from cacheroute.operator import metrics
+from cacheroute.operator import metrics, work
 from cacheroute.operator.api.common import GROUP, VERSION
 from cacheroute.operator.api.manifests import field_errors
 from cacheroute.operator.api.pool import InferencePoolSpec
@@ -118,16 +118,34 @@ async def _pass(*, body: Any, memo: Any, logger: Any, indexes: Mapping[str, Any]
         previous = plain(body.get("status") or {})
         if full:
             memo["last_full"] = time.monotonic()
-        work = functools.partial(
-            RECONCILER.reconcile, pool, spec, generation, facts=facts, previous_status=previous, mem=mem,
-            emit=lambda kind, reason, message: events.append((kind, reason, message)), full=full,
-        )
+        def emit(kind: EventType, reason: str, message: str) -> None:
+            events.append((kind, reason, message))
+
         kind = "full" if full else "status"
         started = time.monotonic()
         outcome = "error"
         try:
-            executor = CTX.executor if full or CTX.status_executor is None else CTX.status_executor
-            await asyncio.get_running_loop().run_in_executor(executor, work)
+            if full:
+                # Two jobs: every new pool's StatefulSet goes out before any pool's router objects.
+                memory = await CTX.work.run(
+                    work.ENGINE,
+                    functools.partial(RECONCILER.engine_stage, pool, spec, generation, mem=mem, emit=emit, full=True),
+                )
+                await CTX.work.run(
+                    work.ROUTER,
+                    functools.partial(
+                        RECONCILER.rest_stage, pool, spec, generation, memory=memory, facts=facts,
+                        previous_status=previous, mem=mem, emit=emit, full=True,
+                    ),
+                )
+            else:
+                await CTX.work.run(
+                    work.STATUS,
+                    functools.partial(
+                        RECONCILER.reconcile, pool, spec, generation, facts=facts, previous_status=previous,
+                        mem=mem, emit=emit, full=False,
+                    ),
+                )
             outcome = "ok"
         finally:
             metrics.PASSES.labels(kind, outcome).inc()

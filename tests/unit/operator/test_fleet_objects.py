@@ -81,7 +81,7 @@ def test_startup_failures_round_up() -> None:
 
 def test_every_owned_object_is_labelled_and_owned_by_the_pool() -> None:
     objects = desired_objects(POOL, SPEC, MemoryOutcome("Planned", "", plan=PLAN), CONFIG)
-    everything = [*objects.apply, *objects.create_only]
+    everything = [*objects.engine, *objects.apply, *objects.create_only]
     assert sorted(o["kind"] for o in everything) == sorted(
         ["StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding",
          "Deployment", "ConfigMap"]
@@ -99,7 +99,7 @@ def test_every_owned_object_is_labelled_and_owned_by_the_pool() -> None:
 
 def test_no_statefulset_without_a_memory_plan() -> None:
     objects = desired_objects(POOL, SPEC, MemoryOutcome("DoesNotFit", "too big"), CONFIG)
-    assert "StatefulSet" not in [o["kind"] for o in objects.apply]
+    assert [o["kind"] for o in objects.engine] == ["Service"]
 
 
 def test_services_select_engines_and_routers() -> None:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import kopf
 
 from cacheroute.operator import context, runtime
 from cacheroute.operator.config import OperatorConfig
 from cacheroute.operator.fleet.cluster import Cluster
+from cacheroute.operator.work import PriorityExecutor
 
 
 def test_every_handler_module_is_loaded_and_registers_pool_handlers() -> None:
-    context.set_context(
-        context.OperatorContext(config=OperatorConfig(), cluster=Cluster(None), executor=ThreadPoolExecutor(1))
-    )
+    ctx = context.OperatorContext(config=OperatorConfig(), cluster=Cluster(None), work=PriorityExecutor(1))
+    context.set_context(ctx)
     loaded = runtime.load_handlers()
     assert "pool" in loaded
     registry = kopf.get_default_registry()
