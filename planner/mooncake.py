@@ -22,7 +22,6 @@ import numpy.typing as npt
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 
 MOONCAKE_BLOCK_SIZE = 512
-KEY_SPECS = ("first-blocks:K", "thread", "none")
 
 
 class TraceFormatError(ValueError):

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
 from cacheroute.router import eventloop, sidecar
 from cacheroute.router.settings import (
     BODY_MODES,
@@ -111,7 +112,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     ] = None,
     spill_slack: Annotated[
         float, typer.Option(envvar=_env("SPILL_SLACK"), help="Absolute headroom (requests) before spilling.")
-    ] = 2.0,
+    ] = DEFAULT_SPILL_SLACK,
     fallbacks: Annotated[
         int,
         typer.Option(
