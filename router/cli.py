@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
-from cacheroute.router import eventloop
+from cacheroute.router import eventloop, sidecar
 from cacheroute.router.settings import (
     BODY_MODES,
     DEFAULT_GRPC_PORT,
@@ -237,6 +237,10 @@ def envoy_config(
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     typer.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+
+
+# The router pod's Envoy container (`cacheroute router envoy`), kept in its own module.
+sidecar.register(app)
 
 
 def main() -> None:
