@@ -20,6 +20,7 @@ from typing import Any
 
 from cacheroute.operator.api.common import API_VERSION
 from cacheroute.operator.control.kube import ControlApi
+from cacheroute.operator.fleet.names import MAX_PLAN_SHARDS
 from cacheroute.planner.plan import Plan, PlanError
 from cacheroute.planner.plan_format import PlanPayload, configmap_name, decode_plan, read_header
 
@@ -94,6 +95,11 @@ def publish(api: ControlApi, pool: Mapping[str, Any], payload: PlanPayload, *, w
     head_name = configmap_name(pool_name, 0)
     if head_name not in payload.configmaps:
         raise PlanError(f"payload has no {head_name} ConfigMap")
+    if len(payload.configmaps) > MAX_PLAN_SHARDS:
+        raise PlanError(
+            f"plan {payload.version} needs {len(payload.configmaps)} ConfigMaps; the pool's routers mount at most "
+            f"{MAX_PLAN_SHARDS} (lower the budget or the router's sketch size)"
+        )
     annotations = {VERSION_ANNOTATION: payload.version, WRITER_ANNOTATION: writer}
     meta = owned_metadata(pool)
     for name, names in payload.configmaps.items():

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import kopf
 
+from cacheroute.operator import context
 from cacheroute.operator.api.common import GROUP, VERSION
 from cacheroute.operator.control.kube import PLAN_PLURAL, ControlApi, default_api_client
 from cacheroute.operator.control.loop import PlanLoop
@@ -35,7 +36,11 @@ def configure(settings: ControlSettings, api_client: Any | None = None) -> None:
 
 def _settings() -> ControlSettings:
     if _Setup.settings is None:
-        _Setup.settings = ControlSettings.from_env()
+        try:
+            # `cacheroute operator run` sets the context (its --prometheus-url) before importing us.
+            _Setup.settings = ControlSettings(prometheus_url=context.current().prometheus_url)
+        except RuntimeError:  # run by kopf directly: the environment
+            _Setup.settings = ControlSettings.from_env()
     return _Setup.settings
 
 

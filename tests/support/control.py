@@ -5,7 +5,8 @@
   names; counters grow at the rates of the current `Traffic` (switchable mid-test). Prometheus
   scrapes them with the `namespace` and `pod` labels its pod discovery would give.
 - Objects: CRDs, an InferencePool with the status its reconciler would write, AffinityPlans.
-- `OperatorProcess`: the operator (kopf running the AffinityPlan handlers) in a subprocess.
+- `start_operator`: `cacheroute operator run` (pools and AffinityPlans) under the operator's
+  least-RBAC identity (tests/support/operator.py).
 - `expected_stats`: the planner's statistics computed straight from Prometheus at one instant,
   written independently of the operator, as the oracle of "same statistics, same plan".
 """
@@ -13,10 +14,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,10 +33,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
-from cacheroute.planner.plan import Plan, affinity_key_hash
+from cacheroute.planner.plan import Destination, Plan, affinity_key_hash
 from cacheroute.planner.plan_format import decode_plan
 from cacheroute.sandbox.process import ServerProcess, free_port, spawn, wait_until
 from cacheroute.sandbox.prometheus import ScrapeJob
+from tests.support.operator import OperatorProcess
 
 GROUP, VERSION = "cacheroute.dev", "v1alpha1"
 REPO = Path(__file__).resolve().parents[2]
@@ -478,60 +480,70 @@ class DedicatedPrometheus:
 # --- the operator ----------------------------------------------------------------------------------
 
 
-@dataclass
-class OperatorProcess:
-    process: ServerProcess
-
-    def alive(self) -> bool:
-        return self.process.alive()
-
-    def stop(self) -> None:
-        self.process.stop()
-
-    def kill(self) -> None:
-        """SIGKILL: no clean-up, as when a node dies."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        if self.process.popen is not None:
-            self.process.popen.wait(10)
-
-
 def start_operator(
-    kubeconfig: Path, namespace: str, *, log: Path, prometheus_url: str | None = None, liveness_port: int | None = None
+    kubeconfig: Path, namespace: str, *, workdir: Path, name: str = "operator", prometheus_url: str | None = None
 ) -> OperatorProcess:
-    """kopf running the AffinityPlan handlers for one namespace, until `stop`/`kill`."""
-    port = liveness_port or free_port()
-    argv = [
-        sys.executable, "-m", "kopf", "run", "--standalone", "-n", namespace,
-        "--liveness", f"http://127.0.0.1:{port}/healthz",
-        "-m", "cacheroute.operator.handlers.plan",
-    ]
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    if prometheus_url:
-        env["CACHEROUTE_OPERATOR_PROMETHEUS_URL"] = prometheus_url
-    process = spawn(log.stem, argv, log=log, env=env, detach=False)
+    """`cacheroute operator run` for one namespace (pools and AffinityPlans), started."""
+    extra = ("--prometheus-url", prometheus_url) if prometheus_url else ()
+    return OperatorProcess(namespace=namespace, kubeconfig=kubeconfig, workdir=workdir, name=name, extra=extra).start()
 
-    def healthy() -> bool:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
 
-    try:
-        wait_until(healthy, timeout=90, what="the operator's liveness endpoint", process=process)
-    except BaseException:
-        process.stop()
-        raise
-    return OperatorProcess(process)
+POOL_SPEC: dict[str, Any] = {
+    "model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "quantization": "fp8"},
+    "tensorParallelSize": 2,
+    "router": {"replicas": 0},
+}
+
+
+def create_reconciled_pool(
+    api_client: Any, namespace: str, name: str, replicas: int, spec: Mapping[str, Any] | None = None
+) -> None:
+    """An InferencePool for the operator to reconcile (no router: nothing routes in these tests)."""
+    from kubernetes import client
+
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "inferencepools",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferencePool", "metadata": {"name": name},
+         "spec": {**POOL_SPEC, **(spec or {}), "replicas": replicas}},
+    )
+
+
+def await_destinations(api_client: Any, namespace: str, name: str, count: int, timeout: float = 120) -> list[
+    Destination
+]:
+    """The pool's destinations as its status lists them, once exactly `count` are there and ready."""
+    from kubernetes import client
+
+    found: list[Destination] = []
+
+    def ready() -> bool:
+        pool = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "inferencepools", name)
+        status = pool.get("status") or {}
+        dests = status.get("destinations") or []
+        kv = (status.get("memoryPlan") or {}).get("kvCapacityTokens", 0)
+        if len(dests) != count or not all(d.get("ready") for d in dests):
+            return False
+        found[:] = sorted((Destination(d["id"], d["address"], 1.0, kv) for d in dests),
+                          key=lambda d: int(d.id.rsplit("-", 1)[1]))
+        return True
+
+    wait_until(ready, timeout=timeout, what=f"{count} ready destinations of pool {name}", interval=0.2)
+    return found
 
 
 @dataclass
 class ControlEnv:
-    """Everything a control-loop test works with, in the test's own namespace."""
+    """Everything a control-loop test works with, in the test's own namespace: pools reconciled by
+    the operator (their pods played by kwok), metrics exporters, operator processes."""
 
     sandbox: Any  # cacheroute.sandbox.cluster.Sandbox
     api: Any
     namespace: str
-    engines: list[Any]  # tests.support.router.Engine
     tmp_path: Path
+    operator_kubeconfig: Path
     start_fleet: Callable[..., FleetMetrics]
-    start_operator: Callable[..., OperatorProcess]
+    operators: list[OperatorProcess] = field(default_factory=list)
 
     @property
     def prometheus_url(self) -> str:
@@ -541,11 +553,47 @@ class ControlEnv:
         return self.start_fleet(self.namespace, pool, **options)
 
     def operator(self, *, prometheus_url: str | None = None) -> OperatorProcess:
-        return self.start_operator(self.namespace, prometheus_url=prometheus_url)
+        op = start_operator(self.operator_kubeconfig, self.namespace, workdir=self.tmp_path,
+                            name=f"operator-{len(self.operators)}", prometheus_url=prometheus_url)
+        self.operators.append(op)
+        return op
 
-    def pool(self, name: str, *, ready: tuple[bool, ...] = (True, True), kv: int = 200_000) -> None:
-        create_pool(self.api, self.namespace, name, [(e.address, r) for e, r in zip(self.engines, ready, strict=True)],
-                    kv)
+    def pool(self, name: str, *, replicas: int = 2) -> list[Destination]:
+        """An InferencePool, once the operator reports `replicas` ready destinations."""
+        create_reconciled_pool(self.api, self.namespace, name, replicas)
+        return await_destinations(self.api, self.namespace, name, replicas)
+
+    def scale(self, name: str, replicas: int) -> list[Destination]:
+        from kubernetes import client
+
+        client.CustomObjectsApi(self.api).patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "inferencepools", name, {"spec": {"replicas": replicas}}
+        )
+        return await_destinations(self.api, self.namespace, name, replicas)
+
+    def close(self) -> None:
+        """Delete AffinityPlans and pools while an operator can still release their finalizers."""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.api)
+        running = [op for op in self.operators if op.alive()]
+        for plural in ("affinityplans", "inferencepools"):
+            items = custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]
+            for item in items:
+                name = item["metadata"]["name"]
+                with contextlib.suppress(client.ApiException):
+                    custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, name)
+                    if not running:
+                        custom.patch_namespaced_custom_object(
+                            GROUP, VERSION, self.namespace, plural, name, {"metadata": {"finalizers": []}})
+
+            def gone(plural: str = plural) -> bool:
+                return not custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]
+
+            with contextlib.suppress(Exception):
+                wait_until(gone, timeout=60, what=f"{plural} deleted", interval=0.2)
+        for op in self.operators:
+            op.stop()
 
 
 # --- the oracle ------------------------------------------------------------------------------------

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import httpx
 import pytest
 from kubernetes import client
 
-from cacheroute.planner.plan import Destination, KeyExtraction, affinity_key_hash
+from cacheroute.planner.plan import KeyExtraction, affinity_key_hash
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget, Stability
 from tests.support.control import (
@@ -29,17 +30,16 @@ from tests.support.sandbox import wait_for
 pytestmark = pytest.mark.integration
 
 POOL = "llama"
-KV = 200_000
 WINDOW = 10
 
 
 def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: ControlEnv) -> None:
-    kube_api, namespace, engines, prom = env.api, env.namespace, env.engines, env.prometheus_url
+    kube_api, namespace, prom = env.api, env.namespace, env.prometheus_url
     traffic = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
     env.fleet(POOL, routers=2, engines=2).set_traffic(traffic)
-    env.pool(POOL, kv=KV)
+    operator = env.operator(prometheus_url=prom)
+    dests = env.pool(POOL)
     wait_for_window(prom, namespace, len(traffic.keys) + 2, WINDOW)
-    env.operator(prometheus_url=prom)
     # One period only (the first one runs at once), so the plan in the ConfigMap is that period's.
     create_plan(kube_api, namespace, plan_manifest("llama", POOL, controlPeriod="1h", metricsWindow=f"{WINDOW}s"))
 
@@ -59,7 +59,6 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: Control
     at = int(datetime.fromisoformat(published.generated_at.replace("Z", "+00:00")).timestamp())
     stats = expected_stats(prom, namespace, WINDOW, at)
     assert len(stats) == len(traffic.keys)
-    dests = [Destination(f"{POOL}-{i}", e.address, 1.0, KV) for i, e in enumerate(engines)]
     expected = compute_plan(
         stats, dests, pool=POOL, budget=Budget(), stability=Stability(), generated_at=published.generated_at,
         key_extraction=KeyExtraction(), spill_threshold=1.5,
@@ -67,8 +66,9 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: Control
     assert len(expected) > 0
     assert published.routes() == expected.routes()
     assert [(d.id, d.address, d.kv_capacity_tokens) for d in published.destinations] == [
-        (d.id, d.address, KV) for d in dests
+        (d.id, d.address, d.kv_capacity_tokens) for d in dests
     ]
+    assert dests[0].kv_capacity_tokens > 0  # the pool's memory plan
 
     # Status figures of that plan.
     assert status["admittedKeys"] == len(published)
@@ -85,8 +85,9 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: Control
     # A router mounted on that ConfigMap routes a planned key to its planned destination.
     volume = PlanVolume(env.tmp_path / "plan")
     volume.publish_files(plan_files(kube_api, namespace, POOL))
+    # The destinations are pods kwok plays (nothing listens): no scraping, take them as ready.
     router = start_router_process(
-        ["--plan-dir", str(volume.path), "--scrape-interval", "0.2"], log=env.tmp_path / "router.log"
+        ["--plan-dir", str(volume.path), "--scrape-interval", "0"], log=env.tmp_path / "router.log"
     )
     try:
         planned = [k.key for k in traffic.keys if published.destinations_of(affinity_key_hash(k.key))]
@@ -98,6 +99,15 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: Control
             assert header in addresses
     finally:
         router.stop()
+
+    # The operator's own /metrics tells the same.
+    text = httpx.get(f"http://127.0.0.1:{operator.health_port}/metrics", timeout=10).text
+    labels = f'affinityplan="llama",namespace="{namespace}"'
+    assert f'cacheroute_operator_plan_info{{{labels},pool="{POOL}",version="{status["planVersion"]}"}} 1.0' in text
+    assert f"cacheroute_operator_plan_routes{{{labels}}} {float(len(published))}" in text
+    assert f'cacheroute_operator_plan_guard_verdicts_total{{{labels},verdict="passed"}} 1.0' in text
+    assert f'cacheroute_operator_plan_step_seconds_count{{{labels},step="guard"}} 1.0' in text
+    assert f"cacheroute_operator_plan_last_success_timestamp_seconds{{{labels}}}" in text
 
     # Deleting the AffinityPlan stops its loop: kopf removes its finalizer and the object goes.
     client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(

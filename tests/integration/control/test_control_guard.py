@@ -21,7 +21,6 @@ from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 
-KV = 200_000
 WINDOW = 10
 
 
@@ -30,9 +29,9 @@ def test_low_reuse_candidate_is_rejected_and_the_plan_in_effect_stays(env: Contr
     good = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
     fleet = env.fleet("llama")
     fleet.set_traffic(good)
-    env.pool("llama", kv=KV)
-    wait_for_window(env.prometheus_url, namespace, len(good.keys) + 2, WINDOW)
     env.operator(prometheus_url=env.prometheus_url)
+    env.pool("llama")
+    wait_for_window(env.prometheus_url, namespace, len(good.keys) + 2, WINDOW)
     # The guard asks a plan to buy at least half a point of KV hit over p2c: pinning keys that
     # cannot reuse anything then never pays, whatever load balance the replay predicts.
     create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s", metricsWindow=f"{WINDOW}s",

@@ -24,7 +24,6 @@ from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 
-KV = 200_000
 WINDOW = 10
 
 
@@ -32,9 +31,14 @@ def test_shadow_fills_status_and_never_writes_the_configmap(env: ControlEnv) -> 
     kube_api, namespace = env.api, env.namespace
     traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
     env.fleet("qwen").set_traffic(traffic)
-    env.pool("qwen", kv=KV)
-    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
     env.operator(prometheus_url=env.prometheus_url)
+    env.pool("qwen")
+    # The pool's reconciler creates the plan ConfigMap with an empty plan.
+    core = client.CoreV1Api(kube_api)
+    wait_for(lambda: bool(core.read_namespaced_config_map("qwen-plan", namespace)), timeout=60,
+             what="the pool's empty plan")
+    before = core.read_namespaced_config_map("qwen-plan", namespace).metadata.resource_version
+    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
     create_plan(kube_api, namespace, plan_manifest("qwen", "qwen", mode="Shadow", controlPeriod="2s",
                                                     metricsWindow=f"{WINDOW}s"))
 
@@ -45,10 +49,12 @@ def test_shadow_fills_status_and_never_writes_the_configmap(env: ControlEnv) -> 
     later = wait_for_period_after(kube_api, namespace, "qwen", first["status"]["lastPeriodTime"])
     later = wait_for_period_after(kube_api, namespace, "qwen", later["status"]["lastPeriodTime"])
     status = later["status"]
-    assert plan_files(kube_api, namespace, "qwen") == {}
-    names = [cm.metadata.name for cm in client.CoreV1Api(kube_api).list_namespaced_config_map(namespace).items]
-    assert not [n for n in names if n.startswith("qwen-plan")]
-    assert "planVersion" not in status
+    assert core.read_namespaced_config_map("qwen-plan", namespace).metadata.resource_version == before
+    names = [cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items]
+    assert [n for n in names if n.startswith("qwen-plan")] == ["qwen-plan"]
+    empty = published_plan(kube_api, namespace, "qwen")
+    assert empty is not None and len(empty) == 0
+    assert status["planVersion"] != status["candidateVersion"]
     assert len(status["candidateVersion"]) == 16
     assert status["admittedKeys"] > 0
     assert 0 < status["coveredRequestShare"] <= 1
@@ -63,9 +69,8 @@ def test_shadow_fills_status_and_never_writes_the_configmap(env: ControlEnv) -> 
 
 def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     kube_api, namespace = env.api, env.namespace
-    # llama-1 is not ready: pinned routes are honoured all the same (the router spills meanwhile).
-    env.pool("llama", ready=(True, False), kv=KV)
     env.operator(prometheus_url=env.prometheus_url)
+    env.pool("llama")
     pins = {"tenant-a/system-prompt": ("llama-1",), "tenant-b": ("llama-0", "llama-1")}
     pinned = [{"key": k, "destinations": list(v)} for k, v in pins.items()]
     create_plan(kube_api, namespace, plan_manifest("pins", "llama", mode="Manual", controlPeriod="2s", pinned=pinned))

@@ -26,7 +26,6 @@ from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 
-KV = 200_000
 WINDOW = 10
 PERIOD = 2
 
@@ -53,9 +52,9 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
     prom = DedicatedPrometheus(env.tmp_path / "prometheus", fleet.jobs())
     own_prometheus.append(prom)
     prom.start()
-    env.pool("llama", kv=KV)
-    wait_for_window(prom.url, namespace, len(traffic.keys) + 2, WINDOW)
     env.operator()  # no default Prometheus: the AffinityPlan names its own
+    env.pool("llama")
+    wait_for_window(prom.url, namespace, len(traffic.keys) + 2, WINDOW)
     create_plan(kube_api, namespace, plan_manifest(
         "llama", "llama", controlPeriod=f"{PERIOD}s", metricsWindow=f"{WINDOW}s",
         prometheus={"url": prom.url, "timeout": "1s"},

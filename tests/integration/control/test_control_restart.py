@@ -10,7 +10,7 @@ import httpx
 import pytest
 from kubernetes import client
 
-from cacheroute.planner.plan import Destination, KeyExtraction, Plan
+from cacheroute.planner.plan import KeyExtraction, Plan
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget, Stability
 from tests.support.control import (
@@ -24,7 +24,6 @@ from tests.support.control import (
     key_label,
     plan_manifest,
     published_plan,
-    set_pool_destinations,
     wait_for_period_after,
     wait_for_window,
     zipf_traffic,
@@ -33,7 +32,6 @@ from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 
-KV = 200_000
 WINDOW = 10
 MAX_CHURN = 0.1
 
@@ -45,13 +43,13 @@ def moved_share(before: Plan, after: Plan) -> float:
 
 
 def test_restarted_operator_replans_from_the_published_plan(env: ControlEnv) -> None:
-    kube_api, namespace, engines, prom = env.api, env.namespace, env.engines, env.prometheus_url
+    kube_api, namespace, prom = env.api, env.namespace, env.prometheus_url
     before = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
     fleet = env.fleet("llama")
     fleet.set_traffic(before)
-    env.pool("llama", kv=KV)
-    wait_for_window(prom, namespace, len(before.keys) + 2, WINDOW)
     first = env.operator(prometheus_url=prom)
+    dests = env.pool("llama")
+    wait_for_window(prom, namespace, len(before.keys) + 2, WINDOW)
     create_plan(kube_api, namespace, plan_manifest(
         "llama", "llama", controlPeriod="4s", metricsWindow=f"{WINDOW}s", stability={"maxChurn": MAX_CHURN},
     ))
@@ -89,7 +87,6 @@ def test_restarted_operator_replans_from_the_published_plan(env: ControlEnv) -> 
 
     at = int(datetime.fromisoformat(obj["status"]["lastPeriodTime"].replace("Z", "+00:00")).timestamp())
     stats = expected_stats(prom, namespace, WINDOW, at)
-    dests = [Destination(f"llama-{i}", e.address, 1.0, KV) for i, e in enumerate(engines)]
 
     def plan(previous: Plan | None) -> Any:
         return compute_plan(stats, dests, pool="llama", budget=Budget(), stability=Stability(max_churn=MAX_CHURN),
@@ -103,7 +100,7 @@ def test_restarted_operator_replans_from_the_published_plan(env: ControlEnv) -> 
     assert moved_share(p1, fresh.plan) > 3 * max(moved_share(p1, p2), 0.05)
 
     # A destination leaves: the next period re-places its keys, as forced churn.
-    set_pool_destinations(kube_api, namespace, "llama", [(engines[0].address, True), (engines[1].address, False)], KV)
+    env.scale("llama", 1)
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
         "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "llama", {"spec": {"controlPeriod": "2s"}}
     )
