@@ -22,16 +22,12 @@ from cacheroute.operator.control.settings import ControlSettings
 # The daemon wakes at least this often between periods, to notice spec changes.
 _WAKE_S = 1.0
 
+
 class _Setup:
+    """Built on first use: kopf imports this module before the operator has logged in."""
+
     settings: ControlSettings | None = None
     api: ControlApi | None = None
-
-
-def configure(settings: ControlSettings, api_client: Any | None = None) -> None:
-    """Set the loop's operator-wide settings (called by `cacheroute operator run` at start-up)."""
-    _Setup.settings = settings
-    if api_client is not None:
-        _Setup.api = ControlApi(api_client)
 
 
 def _settings() -> ControlSettings:
@@ -39,7 +35,7 @@ def _settings() -> ControlSettings:
         try:
             # `cacheroute operator run` sets the context (its --prometheus-url) before importing us.
             _Setup.settings = ControlSettings(prometheus_url=context.current().prometheus_url)
-        except RuntimeError:  # run by kopf directly: the environment
+        except RuntimeError:  # run by `kopf run` directly: the environment
             _Setup.settings = ControlSettings.from_env()
     return _Setup.settings
 
