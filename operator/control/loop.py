@@ -51,6 +51,7 @@ from cacheroute.operator.control.promql import PoolSeries
 from cacheroute.operator.control.publish import CurrentPlan, publish, read_current
 from cacheroute.operator.control.report import SHADOW_PLANNED, events_to_post, iso, new_status
 from cacheroute.operator.control.settings import ControlSettings
+from cacheroute.operator.fleet.names import MAX_PLAN_SHARDS
 from cacheroute.planner.errors import PlanInputError
 from cacheroute.planner.plan import Destination, Plan, PlanError
 from cacheroute.planner.plan_format import PlanPayload, encode_plan
@@ -92,9 +93,15 @@ def _parse_time(text: object) -> float | None:
 
 
 def encode_checked(plan: Plan) -> PlanPayload:
-    """The ConfigMap payload of `plan`, verified to decode back to the same routes."""
+    """The ConfigMap payload of `plan`, verified to decode back to the same routes and to fit the
+    ConfigMaps the pool's routers mount."""
     payload = encode_plan(plan)
     check_payload(plan, payload)
+    if len(payload.configmaps) > MAX_PLAN_SHARDS:
+        raise PlanError(
+            f"plan {payload.version} needs {len(payload.configmaps)} ConfigMaps; the pool's routers mount at most "
+            f"{MAX_PLAN_SHARDS} (lower the warm budget or the routers' sketch size)"
+        )
     return payload
 
 
@@ -374,10 +381,14 @@ class PlanLoop:
                 key_extraction=inputs.key_extraction(w.pool),
                 spill_threshold=w.pool.spec.router.spill_threshold,
             )
-            result.candidate = plan_result.plan
-            payload = result.payload = await self._timed(result, "plan", encode_checked, plan_result.plan)
         except (PlanInputError, PlanError) as exc:
             _not_planned(result, cond.INVALID_INPUT, str(exc))
+            return None
+        result.candidate = plan_result.plan
+        try:
+            payload = result.payload = await self._timed(result, "plan", encode_checked, plan_result.plan)
+        except PlanError as exc:
+            _not_planned(result, cond.INVALID_PLAN, str(exc))
             return None
         candidate = plan_result.plan
         notes = [*pin_notes] + ([] if prepared.output_tokens_known else ["vLLM reported no generated tokens"])

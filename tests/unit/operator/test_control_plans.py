@@ -105,3 +105,11 @@ def test_metric_series_of_a_deleted_plan_go_away() -> None:
     assert ("gone", "v2") in samples and ("gone", "v1") not in samples
     m.forget()
     assert all(s.labels.get("affinityplan") != "gone" for s in next(iter(PLAN_INFO.collect())).samples)
+
+
+def test_a_plan_needing_more_configmaps_than_routers_mount_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cacheroute.operator.control.loop as loop_module
+
+    monkeypatch.setattr(loop_module, "MAX_PLAN_SHARDS", 0)
+    with pytest.raises(PlanError, match="routers mount at most 0"):
+        encode_checked(plan({1: ["p-0"]}))
