@@ -6,13 +6,17 @@
   readiness of destinations.
 
 The kubernetes client blocks, so each watch runs in a daemon thread and hands results to the
-event loop with `call_soon_threadsafe`.
+event loop with `call_soon_threadsafe`. `run()` is the watch as the router's supervisor sees it:
+it starts the thread and ends (raising) only if the thread does, so a dead watch is restarted
+with backoff like any other background task. Errors of the API server are retried inside the
+thread with their own backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import logging
 import re
 import threading
@@ -20,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cacheroute.planner.plan_format import MAX_PAYLOAD_BYTES
 from cacheroute.router.endpoints import SliceEndpoint
 from cacheroute.router.settings import SettingsError, parse_address
 
@@ -64,14 +69,39 @@ class _ListWatch:
         self._changed = changed
         self._selector = label_selector
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"watch-{what}", daemon=True)
         self.synced = threading.Event()
 
-    def start(self) -> None:
-        self._thread.start()
+    def start(self) -> threading.Thread:
+        self._stop.clear()
+        thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)
+        thread.start()
+        return thread
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def run(self) -> None:
+        """Run the watch thread until cancelled; raises if the thread ends on its own."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[BaseException | None] = loop.create_future()
+
+        def body() -> None:
+            failure: BaseException | None = None
+            try:
+                self._run()
+            except BaseException as exc:
+                failure = exc
+            finally:
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(failure))
+
+        self._stop.clear()
+        threading.Thread(target=body, name=f"watch-{self.what}", daemon=True).start()
+        try:
+            failure = await ended
+        finally:
+            self._stop.set()
+        raise RuntimeError(f"the watch of {self.what} stopped: {failure!r}")
 
     def _kwargs(self) -> dict[str, Any]:
         return {"label_selector": self._selector} if self._selector else {}
@@ -120,19 +150,38 @@ class _ListWatch:
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None]) -> Callable[[Any], None]:
+    def call(value: Any) -> None:
+        try:
+            fn(value)
+        except Exception:
+            log.exception("handling a watch result failed")
+
     def hand_over(value: Any) -> None:
         if not loop.is_closed():
-            loop.call_soon_threadsafe(fn, value)
+            loop.call_soon_threadsafe(call, value)
 
     return hand_over
+
+
+class PayloadError(ValueError):
+    """ConfigMaps whose binaryData cannot be a plan payload (bad base64, too large)."""
 
 
 def configmap_files(configmaps: Mapping[str, Any]) -> dict[str, bytes]:
     """The plan payload held by a set of ConfigMaps (their binaryData, base64 in the API)."""
     files: dict[str, bytes] = {}
+    total = 0
     for cm in configmaps.values():
         for name, data in (cm.binary_data or {}).items():
-            files[name] = base64.b64decode(data)
+            if not isinstance(data, str | bytes):
+                raise PayloadError(f"ConfigMap {cm.metadata.name}: binaryData {name!r} is not base64 text")
+            total += len(data) * 3 // 4
+            if total > MAX_PAYLOAD_BYTES:
+                raise PayloadError(f"binaryData of more than {MAX_PAYLOAD_BYTES:,} bytes")
+            try:
+                files[name] = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise PayloadError(f"ConfigMap {cm.metadata.name}: binaryData {name!r} is not base64 ({exc})") from None
     return files
 
 
@@ -145,17 +194,26 @@ class ConfigMapPlanWatch:
         pool: str,
         on_files: Callable[[dict[str, bytes]], None],
         loop: asyncio.AbstractEventLoop,
+        on_error: Callable[[str], None] = lambda _error: None,
     ) -> None:
         from kubernetes import client
 
         pattern = re.compile(rf"^{re.escape(pool)}-plan(-\d+)?$")
         core = client.CoreV1Api(api)
         deliver = _in_loop(loop, on_files)
+        refuse = _in_loop(loop, on_error)
 
         def changed(objects: dict[str, Any]) -> None:
             # Decoding base64 here keeps megabytes of work off the event loop.
-            if objects:
-                deliver(configmap_files(objects))
+            if not objects:
+                return
+            try:
+                files = configmap_files(objects)
+            except PayloadError as exc:
+                # A payload that cannot be assembled is a rejected plan, not a failed watch.
+                refuse(str(exc))
+                return
+            deliver(files)
 
         self.watch = _ListWatch(
             f"ConfigMaps {namespace}/{pool}-plan*",
@@ -170,6 +228,9 @@ class ConfigMapPlanWatch:
 
     def stop(self) -> None:
         self.watch.stop()
+
+    async def run(self) -> None:
+        await self.watch.run()
 
 
 def slice_endpoints(slices: Mapping[str, Any], target_port: int | None) -> dict[str, SliceEndpoint]:
@@ -228,3 +289,6 @@ class EndpointSliceWatch:
 
     def stop(self) -> None:
         self.watch.stop()
+
+    async def run(self) -> None:
+        await self.watch.run()

@@ -27,7 +27,7 @@ app = typer.Typer(
 app.add_typer(binaries.app, name="binaries")
 
 _NAME = typer.Option("default", "--name", help="Sandbox name; the state lives in ~/.cache/cacheroute/sandbox/NAME.")
-_STATE_DIR = typer.Option(None, "--state-dir", help="State directory (overrides --name).")
+_STATE_DIR = typer.Option(None, "--state-dir", file_okay=False, help="State directory (overrides --name).")
 
 
 def _state_dir(name: str, state_dir: Path | None) -> Path:
@@ -60,7 +60,7 @@ def up(
     nodes: int = typer.Option(4, "--nodes", min=1, max=250, help="Number of fake 8xH100 nodes."),
     prometheus: bool = typer.Option(True, "--prometheus/--no-prometheus", help="Start Prometheus."),
     build: bool = typer.Option(False, "--build", help="Build missing Go binaries first (needs Go)."),
-    timeout: float = typer.Option(120.0, "--timeout", min=5.0, help="Seconds to wait for everything."),
+    timeout: float = typer.Option(120.0, "--timeout", min=5.0, max=3600.0, help="Seconds to wait for everything."),
 ) -> None:
     """Start the sandbox; its servers keep running after this command returns."""
     from cacheroute.sandbox.cluster import Sandbox, SandboxError, SandboxOptions

@@ -16,6 +16,7 @@ import yaml
 from cacheroute.operator.api.common import GROUP, VERSION
 from cacheroute.operator.api.plan import AffinityPlan
 from cacheroute.operator.api.pool import InferencePool
+from cacheroute.operator.files import write_atomically
 
 MODELS: tuple[type[InferencePool] | type[AffinityPlan], ...] = (InferencePool, AffinityPlan)
 _DROP_KEYS = {"title", "additionalProperties", "examples", "$defs", "uniqueItems"}
@@ -196,6 +197,6 @@ def write_crds(out_dir: Path) -> list[Path]:
     written = []
     for model in MODELS:
         path = out_dir / crd_file_name(model)
-        path.write_text(render(model), encoding="utf-8")
+        write_atomically(path, render(model))
         written.append(path)
     return written
