@@ -228,7 +228,7 @@ def _check_number(
     kinds: tuple[type, ...] = (int, np.integer) if integer else (int, float, np.integer, np.floating)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise PlanError(f"{what} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    x = float(value)
+    x = float(value)  # type: ignore[arg-type]  # an int, float or numpy number, checked above
     if not math.isfinite(x) or x < lo or x > hi or (open_low and x == lo):
         low = f"> {lo:g}" if open_low else f">= {lo:g}"
         raise PlanError(f"{what} is {value!r}: must be finite, {low} and <= {hi:g}")

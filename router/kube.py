@@ -93,7 +93,7 @@ class _ListWatch:
                 failure = exc
             finally:
                 if not loop.is_closed():
-                    loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(failure))
+                    loop.call_soon_threadsafe(_settle, ended, failure)
 
         self._stop.clear()
         threading.Thread(target=body, name=f"watch-{self.what}", daemon=True).start()
@@ -147,6 +147,11 @@ class _ListWatch:
                 failures += 1
                 log.warning("watching %s failed (%s); retrying", self.what, exc)
             self._stop.wait(_BACKOFF_SECONDS[min(failures, len(_BACKOFF_SECONDS)) - 1] if failures else 0)
+
+
+def _settle(future: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:
+    if not future.done():
+        future.set_result(failure)
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None]) -> Callable[[Any], None]:

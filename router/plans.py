@@ -61,14 +61,20 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _load(files: Mapping[str, bytes], current: str | None) -> _Loaded:
-    """Decode one payload (in a worker thread); a bad payload gives an error, never an exception."""
+def _load(files: Mapping[str, bytes], current: str | None, current_digest: str | None) -> _Loaded:
+    """Decode one payload (in a worker thread); a bad payload gives an error, never an exception.
+
+    The same bytes as the plan in effect are not decoded again; a payload that claims the
+    version in effect with other bytes is decoded and checked all the same (a broken copy of
+    the plan in effect is still a broken payload), but not installed again.
+    """
     digest = payload_digest(files)
+    if digest == current_digest:
+        return _Loaded(digest)
     try:
         version = plan_version(files)
-        if version == current:
-            return _Loaded(digest)
-        return _Loaded(digest, build_table(decode_plan(files), version))
+        table = build_table(decode_plan(files), version)
+        return _Loaded(digest, None if version == current else table)
     except Exception as exc:  # any failure of a payload is a rejected plan, whatever its type
         return _Loaded(digest, error=describe(exc))
 
@@ -87,6 +93,7 @@ class PlanStore:
         self._listeners: list[Callable[[], None]] = []
         # The payload rejected last: offered again unchanged, it is neither counted nor logged again.
         self._rejected_digest: str | None = None
+        self._applied_digest: str | None = None
 
     def on_applied(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -121,7 +128,7 @@ class PlanStore:
         started = time.monotonic()
         submission = self._submissions
         try:
-            loaded = await asyncio.to_thread(_load, files, self.version)
+            loaded = await asyncio.to_thread(_load, files, self.version, self._applied_digest)
         except Exception as exc:  # the worker thread itself failed (out of memory, say)
             loaded = _Loaded("", error=describe(exc))
         if loaded.error is not None:
@@ -132,7 +139,9 @@ class PlanStore:
             else:
                 self._reject(origin, loaded.error, loaded.digest)
             return False
-        if loaded.table is None:  # the version in effect
+        if loaded.table is None:  # the plan in effect (these bytes, or a valid copy of it)
+            self._rejected_digest = None
+            self._applied_digest = loaded.digest
             return False
         return self._apply(loaded.table, loaded.digest, origin, started)
 
@@ -153,6 +162,7 @@ class PlanStore:
         self.version = version
         self.last_error = None
         self._rejected_digest = None
+        self._applied_digest = digest
         self.applied_at = time.time()
         if self.metrics is not None:
             self.metrics.plan_info.info(

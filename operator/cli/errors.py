@@ -59,8 +59,9 @@ class CommandLine(TyperGroup):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         standalone = kwargs.pop("standalone_mode", True)
+        kwargs["standalone_mode"] = False
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
+            result = super().main(*args, **kwargs)
         except Exception as exc:
             code = self._report(exc)
         else:

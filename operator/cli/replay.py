@@ -143,6 +143,13 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def _save_png(fig: Any, path: Path) -> None:
+    def save(staged: Path) -> None:
+        fig.savefig(staged, dpi=120, format="png")
+
+    write_with(path, save)
+
+
 def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tuple[float, float]]],
                   hits: dict[str, float], slo: float) -> list[Path]:
     import matplotlib
@@ -173,7 +180,7 @@ def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tupl
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "ttft_p99_vs_qps.png"
-    write_with(path, lambda staged, fig=fig: fig.savefig(staged, dpi=120, format="png"))
+    _save_png(fig, path)
     plt.close(fig)
     written.append(path)
 
@@ -185,7 +192,7 @@ def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tupl
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     path = out / "kv_hit.png"
-    write_with(path, lambda staged, fig=fig: fig.savefig(staged, dpi=120, format="png"))
+    _save_png(fig, path)
     plt.close(fig)
     written.append(path)
     return written

@@ -219,7 +219,7 @@ def _optional_int(config: Mapping[str, Any], name: str, *, minimum: int = 1, def
         raise MemoryPlanError(
             f"config.json: field {name!r} must be an integer in [{minimum}, {MAX_CONFIG_INT}], got {value!r}"
         )
-    return value
+    return int(value)
 
 
 def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def is_path(param: Any) -> bool:
 
 
 def option_name(param: Any) -> str:
-    return param.opts[0] if param.opts[0].startswith("-") else param.name
+    return str(param.opts[0] if param.opts[0].startswith("-") else param.name)
 
 
 ROOT = typer.main.get_command(app)
