@@ -102,9 +102,13 @@ def test_each_kind_of_bad_plan_is_rejected_and_the_last_good_plan_kept(
     payloads = bad_payloads(make_plan(engines, {"alice": [1]}))
     for i, case in enumerate(CLASSES):
         files = payloads[case]
-        before = rejected(router)
+        count = rejected(router)
         volume.publish_files(files)
-        await_condition(lambda before=before: rejected(router) > before, f"rejection of '{case}'")
+
+        def counted(before: float = count) -> bool:
+            return rejected(router) > before
+
+        await_condition(counted, f"rejection of '{case}'")
         assert routed(router, "alice") == engines[current].address, case
         assert router.ready(), case
         if i % 3 == 2:

@@ -48,7 +48,8 @@ def make_core(max_body_bytes: int = 256) -> RouterCore:
 def install(picker: Picker, addresses: list[str]) -> None:
     destinations = [Destination(f"pool-{a.split('.')[-1].split(':')[0]}", a) for a in addresses]
     ids = [d.id for d in destinations]
-    routes = {affinity_key_hash(k): [ids[i % len(ids)], ids[(i + 1) % len(ids)]] for i, k in enumerate(KEYS[:3])}
+    planned = ["alice", "bob", "carol"]
+    routes = {affinity_key_hash(k): [ids[i % len(ids)], ids[(i + 1) % len(ids)]] for i, k in enumerate(planned)}
     plan = plan_from_routes("pool", destinations, routes, key_extraction=KeyExtraction(prompt_prefix_chars=8))
     picker.pool.set_plan_destinations(plan.destinations)
     picker.install(build_table(plan, "v"))

@@ -88,7 +88,12 @@ async def test_addresses_that_do_not_parse_or_resolve_fail_alone(serve: Callable
     pool.set_static([good, "not-an-address", "10.0.0.1:99999", "no-such-host.invalid:80", ":80"])
     scraper = Scraper(pool, interval=0.05, timeout=2.0)
     second_round = asyncio.Event()
-    scraper.on_round(lambda: scraper.rounds >= 2 and second_round.set())
+
+    def after_round() -> None:
+        if scraper.rounds >= 2:
+            second_round.set()
+
+    scraper.on_round(after_round)
     task = asyncio.create_task(scraper.run())
     try:
         await asyncio.wait([task, asyncio.create_task(second_round.wait())], timeout=20,
