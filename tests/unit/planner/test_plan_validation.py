@@ -178,7 +178,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     header=st.one_of(json_values, st.fixed_dictionaries({"schema": st.just("cacheroute.dev/plan/v1")}, optional={
         "version": st.text(max_size=20), "pool": json_values, "destinations": json_values, "shards": json_values,

@@ -204,7 +204,7 @@ def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]], monkeypat
         pb.ProcessingResponse.FromString(reply)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=events)
 def test_in_flight_returns_to_zero_whatever_the_messages(
     script: list[tuple[int, tuple[Any, ...]]], monkeypatch: pytest.MonkeyPatch
