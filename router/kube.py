@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import re
 import threading
@@ -71,12 +72,6 @@ class _ListWatch:
         self._stop = threading.Event()
         self.synced = threading.Event()
 
-    def start(self) -> threading.Thread:
-        self._stop.clear()
-        thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)
-        thread.start()
-        return thread
-
     def stop(self) -> None:
         self._stop.set()
 
@@ -92,7 +87,8 @@ class _ListWatch:
             except BaseException as exc:
                 failure = exc
             finally:
-                if not loop.is_closed():
+                # The loop may have closed since (the router stopped): then nobody waits any more.
+                with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(_settle, ended, failure)
 
         self._stop.clear()
@@ -162,7 +158,7 @@ def _in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None]) -> Call
             log.exception("handling a watch result failed")
 
     def hand_over(value: Any) -> None:
-        if not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop closed: the router is stopping
             loop.call_soon_threadsafe(call, value)
 
     return hand_over
@@ -228,9 +224,6 @@ class ConfigMapPlanWatch:
             changed,
         )
 
-    def start(self) -> None:
-        self.watch.start()
-
     def stop(self) -> None:
         self.watch.stop()
 
@@ -288,9 +281,6 @@ class EndpointSliceWatch:
             lambda objects: deliver(slice_endpoints(objects, target_port)),
             label_selector=f"{SERVICE_NAME_LABEL}={service}",
         )
-
-    def start(self) -> None:
-        self.watch.start()
 
     def stop(self) -> None:
         self.watch.stop()
