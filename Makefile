@@ -29,9 +29,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-## Real servers for integration tests: Prometheus (Debian) and the pinned Kubernetes builds.
+## Real servers for integration tests: the pinned Kubernetes, kwok, helm and Prometheus builds.
 sandbox-deps: $(STAMP)
-	@command -v prometheus >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 	$(PY) -m cacheroute.sandbox.binaries ensure
 
 crds: $(STAMP)

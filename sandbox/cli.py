@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -49,6 +49,7 @@ def _print_status(sandbox: Sandbox, console: Console) -> None:
         table.add_row(row.name, state, str(row.pid), row.url or "")
     console.print(table)
     console.print(f"nodes: {', '.join(sandbox.state.nodes)}", soft_wrap=True)
+    console.print(f"pod network: {sandbox.state.pod_network}", soft_wrap=True)
     console.print(f"logs: {sandbox.state_dir / 'logs'}", soft_wrap=True)
 
 
@@ -61,11 +62,44 @@ def up(
     prometheus: bool = typer.Option(True, "--prometheus/--no-prometheus", help="Start Prometheus."),
     build: bool = typer.Option(False, "--build", help="Build missing Go binaries first (needs Go)."),
     timeout: float = typer.Option(120.0, "--timeout", min=5.0, max=3600.0, help="Seconds to wait for everything."),
+    pod_runtime: bool = typer.Option(
+        True, "--pod-runtime/--no-pod-runtime", help="Run pods of the CacheRoute and vLLM images for real."
+    ),
+    runtime_namespace: Annotated[
+        list[str] | None,
+        typer.Option("--runtime-namespace", help="Run pods only in these namespaces (repeatable; default: all)."),
+    ] = None,
+    runtime_namespace_selector: str = typer.Option(
+        "", "--runtime-namespace-selector", help="Run pods only in namespaces with these labels."
+    ),
+    runtime_selector: str = typer.Option("", "--runtime-selector", help="Run only pods with these labels."),
+    runtime_image: Annotated[
+        list[str] | None,
+        typer.Option("--runtime-image", help="REPOSITORY=COMMAND: also run this image's containers, as COMMAND."),
+    ] = None,
+    emulator_load_seconds: float = typer.Option(
+        0.0, "--emulator-load-seconds", min=0.0, max=3600.0, help="How long an emulated vLLM takes to load its model."
+    ),
 ) -> None:
     """Start the sandbox; its servers keep running after this command returns."""
-    from cacheroute.sandbox.cluster import Sandbox, SandboxError, SandboxOptions
+    from cacheroute.sandbox.cluster import PodRuntimeOptions, Sandbox, SandboxError, SandboxOptions
+    from cacheroute.sandbox.runtime.images import parse_image_option
 
     console = Console(stderr=True)
+    runtime_image = runtime_image or []
+    for option in runtime_image:
+        try:
+            parse_image_option(option)
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+    runtime = PodRuntimeOptions(
+        namespaces=tuple(runtime_namespace or ()),
+        namespace_selector=runtime_namespace_selector,
+        pod_selector=runtime_selector,
+        images=tuple(runtime_image),
+        emulator_load_seconds=emulator_load_seconds,
+    )
     options = SandboxOptions(
         name=name,
         state_dir=_state_dir(name, state_dir),
@@ -73,6 +107,7 @@ def up(
         prometheus=prometheus,
         detach=True,
         timeout=timeout,
+        pod_runtime=runtime if pod_runtime else None,
     )
     try:
         if build:
@@ -85,6 +120,12 @@ def up(
     except (SandboxError, StartError, BinaryNotFoundError, BuildError) as exc:
         raise _fail(console, exc) from None
     console.print(f"sandbox {name!r} up in {sandbox.state.startup_seconds:.1f}s ({sandbox.state_dir})", soft_wrap=True)
+    if not sandbox.state.pod_network_routed:
+        console.print(
+            f"[yellow]warning:[/yellow] pod IPs are loopback addresses ({sandbox.state.pod_network}): the local "
+            "route for the pod network needs root, and EndpointSlices refuse loopback addresses",
+            soft_wrap=True,
+        )
     _print_status(sandbox, console)
     # On stdout alone, so that `eval "$(cacheroute sandbox up)"` points kubectl and helm at it.
     typer.echo(f"export KUBECONFIG={sandbox.kubeconfig}")
@@ -134,6 +175,41 @@ def status(
         return
     _print_status(sandbox, Console())
     typer.echo(f"export KUBECONFIG={sandbox.kubeconfig}")
+
+
+@app.command(
+    "emulator",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+)
+def emulator(ctx: typer.Context) -> None:
+    """Serve `vllm serve ARGS...` with the vLLM emulator (127.0.0.1 unless --host); Ctrl-C stops it.
+
+    Emulator settings vLLM does not have come from CACHEROUTE_EMULATOR_* variables (see docs/emulator.md).
+    """
+    import os
+
+    from cacheroute.sandbox.emulator.args import EmulatorArgsError
+    from cacheroute.sandbox.emulator.host import serve_standalone
+
+    try:
+        serve_standalone(list(ctx.args), os.environ)
+    except EmulatorArgsError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    except OSError as exc:  # the address is taken, or not this machine's
+        Console(stderr=True).print(f"[red]error:[/red] cannot listen: {exc}")
+        raise typer.Exit(1) from None
+
+
+def _more_commands() -> None:
+    from cacheroute.sandbox.loadgen.cli import load
+    from cacheroute.sandbox.runtime.cli import run
+
+    app.command("runtime", help="Run the pod runtime by hand (`up` starts one).")(run)
+    app.command("load")(load)
+
+
+_more_commands()
 
 
 def main() -> None:

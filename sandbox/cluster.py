@@ -13,10 +13,11 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ import httpx
 import yaml
 from pydantic import BaseModel
 
+from cacheroute.sandbox import network
 from cacheroute.sandbox import nodes as fake_nodes
 from cacheroute.sandbox import prometheus as prom
 from cacheroute.sandbox.binaries import locate
@@ -42,6 +44,8 @@ from cacheroute.sandbox.process import (
     stop_pid,
     wait_until,
 )
+from cacheroute.sandbox.runtime import kwok_stages
+from cacheroute.sandbox.runtime.images import default_registry, parse_image_option
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -83,11 +87,39 @@ class SandboxState(BaseModel):
     client_key: str
     prometheus_url: str | None = None
     prometheus_config: str | None = None
+    pod_network: str = network.LOOPBACK_NETWORK
+    # Whether this sandbox holds a claim on the local route of `pod_network` (see `network`).
+    pod_network_routed: bool = False
     nodes: list[str]
     components: dict[str, ComponentRecord]
     started_at: float
     startup_seconds: float
     phases: dict[str, float]
+
+
+@dataclass(frozen=True)
+class PodRuntimeOptions:
+    """Which pods the pod runtime serves (see `cacheroute.sandbox.runtime`); empty means all."""
+
+    namespaces: tuple[str, ...] = ()
+    namespace_selector: str = ""
+    pod_selector: str = ""
+    # REPOSITORY=COMMAND: more images whose containers run as a local command.
+    images: tuple[str, ...] = ()
+    restart_backoff_s: float = 1.0
+    emulator_load_seconds: float | None = None
+
+    def argv(self) -> list[str]:
+        argv = [f"--namespace={n}" for n in self.namespaces]
+        if self.namespace_selector:
+            argv.append(f"--namespace-selector={self.namespace_selector}")
+        if self.pod_selector:
+            argv.append(f"--selector={self.pod_selector}")
+        argv += [f"--image={i}" for i in self.images]
+        argv.append(f"--restart-backoff={self.restart_backoff_s}")
+        if self.emulator_load_seconds is not None:
+            argv.append(f"--emulator-load-seconds={self.emulator_load_seconds}")
+        return argv
 
 
 @dataclass(frozen=True)
@@ -99,6 +131,8 @@ class SandboxOptions:
     # Detached servers outlive the starting process (the CLI); attached ones die with it (tests).
     detach: bool = True
     timeout: float = 120.0
+    # None: no pod runtime, kwok marks every pod ready as it always has.
+    pod_runtime: PodRuntimeOptions | None = field(default_factory=PodRuntimeOptions)
 
 
 @dataclass(frozen=True)
@@ -132,6 +166,10 @@ class Sandbox:
     @property
     def kubeconfig(self) -> Path:
         return Path(self.state.kubeconfig)
+
+    @property
+    def pod_network(self) -> network.PodNetwork:
+        return network.PodNetwork(self.state.pod_network, self.state.pod_network_routed)
 
     @classmethod
     def attach(cls, state_dir: Path) -> Sandbox:
@@ -253,6 +291,7 @@ class Sandbox:
             }
         )
         stop_recorded(self.state_dir)
+        network.release(self.state_dir, self.pod_network)
         if keep_files:
             self.state.components = {}
             self._save()
@@ -310,6 +349,7 @@ def shutdown(state_dir: Path, *, keep_files: bool = False) -> None:
         Sandbox.attach(state_dir).down(keep_files=keep_files)
     elif (state_dir / PID_DIR).is_dir():
         stop_recorded(state_dir)
+        network.release(state_dir, network.PodNetwork(network.LOCAL_NETWORK, routed=True))
         if not keep_files:
             shutil.rmtree(state_dir, ignore_errors=True)
     else:
@@ -352,6 +392,8 @@ class _Pki:
     sa_pub: Path
     controller_manager_serving: tuple[Path, Path]
     scheduler_serving: tuple[Path, Path]
+    kwok_serving: tuple[Path, Path]
+    client_files: dict[str, tuple[Path, Path]]
     clients: dict[str, KeyPair]
     ca_pem: bytes
 
@@ -383,13 +425,23 @@ def _write_pki(directory: Path) -> _Pki:
         "kube-scheduler": authority.issue("system:kube-scheduler", client=True),
         # kwok plays every kubelet; system:masters spares it a node-authorizer setup.
         "kwok": authority.issue("kwok", organizations=("system:masters",), client=True),
+        # The pod runtime is the kubelet of the pods it runs (status, tokens, deletion).
+        "pod-runtime": authority.issue("cacheroute-pod-runtime", organizations=("system:masters",), client=True),
+        "prometheus": authority.issue("cacheroute-prometheus", organizations=("system:masters",), client=True),
+        # How the API server presents itself to the kubelets (kwok) for logs.
+        "kubelet-client": authority.issue(
+            "kube-apiserver-kubelet-client", organizations=("system:masters",), client=True
+        ),
     }
     admin = clients["admin"].write(directory, "admin")
     serving = {
         name: authority.issue(name, dns_names=("localhost",), ip_addresses=loopback, server=True).write(
             directory, f"{name}-serving"
         )
-        for name in ("kube-controller-manager", "kube-scheduler")
+        for name in ("kube-controller-manager", "kube-scheduler", "kwok")
+    }
+    client_files = {
+        name: clients[name].write(directory, name) for name in ("pod-runtime", "prometheus", "kubelet-client")
     }
     private, public = signing_keypair()
     sa_key, sa_pub = directory / "sa.key", directory / "sa.pub"
@@ -405,6 +457,8 @@ def _write_pki(directory: Path) -> _Pki:
         sa_pub=sa_pub,
         controller_manager_serving=serving["kube-controller-manager"],
         scheduler_serving=serving["kube-scheduler"],
+        kwok_serving=serving["kwok"],
+        client_files=client_files,
         clients=clients,
         ca_pem=authority.keypair.cert_pem,
     )
@@ -422,6 +476,7 @@ class _Starter:
         self.phases: dict[str, float] = {}
         self.started = time.monotonic()
         self.deadline = self.started + options.timeout
+        self.network: network.PodNetwork | None = None
 
     def _remaining(self) -> float:
         return max(1.0, self.deadline - time.monotonic())
@@ -461,6 +516,8 @@ class _Starter:
 
     def abort(self) -> None:
         _stop_in_waves({name: Stoppable(p.pid, p.program, p.popen) for name, p in self.processes.items()}, timeout=5.0)
+        if self.network is not None:
+            network.release(self.state_dir, self.network)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def run(self) -> Sandbox:
@@ -469,10 +526,13 @@ class _Starter:
             for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
         }
         prometheus_binary = locate("prometheus").path if self.options.prometheus else None
-        names = ["etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok", "prometheus"]
+        names = ["etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok", "prometheus", "pod-runtime"]
         ports = dict(zip(names, free_ports(len(names)), strict=True))
         pki = _write_pki(self.state_dir / "pki")
         self._phase("certificates")
+        self.network, fallback = network.claim(self.state_dir)
+        if fallback is not None:
+            self.report(f"pod network: loopback ({fallback}); EndpointSlices will refuse pod addresses")
         context = ssl.create_default_context(cafile=str(pki.ca))
         context.load_cert_chain(*map(str, pki.admin))
 
@@ -482,13 +542,14 @@ class _Starter:
             "etcd", self._etcd_argv(binaries["etcd"], etcd_url, ports["etcd-peer"]), etcd_url, f"{etcd_url}/health"
         )
         prometheus_process = None
+        api_url = f"https://127.0.0.1:{ports['apiserver']}"
         if prometheus_binary is not None:
-            prometheus_process = self._start_prometheus(prometheus_binary, ports["prometheus"])
+            access = prom.KubernetesAccess(api_url, str(pki.ca), *map(str, pki.client_files["prometheus"]))
+            prometheus_process = self._start_prometheus(prometheus_binary, ports["prometheus"], access)
         self._wait_http(
             etcd, f"{etcd_url}/health", accept=lambda r: r.status_code == 200 and r.json().get("health") == "true"
         )
 
-        api_url = f"https://127.0.0.1:{ports['apiserver']}"
         self.report("starting kube-apiserver")
         apiserver = self._spawn(
             "kube-apiserver",
@@ -496,6 +557,7 @@ class _Starter:
             api_url,
             f"{api_url}/readyz",
         )
+        network.set_owner(self.state_dir, apiserver.pid, apiserver.program)
         kubeconfigs = {
             user: write_kubeconfig(
                 self.state_dir / f"{user}.kubeconfig", server=api_url, ca_pem=pki.ca_pem, client=keypair, user=user
@@ -525,7 +587,9 @@ class _Starter:
         )
         kwok_url = f"http://127.0.0.1:{ports['kwok']}"
         kwok_config = self.state_dir / "kwok.yaml"
-        kwok_config.write_text(yaml.safe_dump(fake_nodes.kwok_configuration(server_port=ports["kwok"])))
+        kwok_config.write_text(self._kwok_config(ports["kwok"], pki))
+        if self.options.pod_runtime is not None:
+            self._install_logs_crd(api_url, context)
         kwok = self._spawn(
             "kwok",
             [str(binaries["kwok"]), f"--kubeconfig={kubeconfigs['kwok']}", f"--config={kwok_config}"],
@@ -533,6 +597,9 @@ class _Starter:
             f"{kwok_url}/healthz",
         )
 
+        runtime = None
+        if self.options.pod_runtime is not None:
+            runtime = self._start_pod_runtime(api_url, pki, ports["pod-runtime"], self.options.pod_runtime)
         sandbox = Sandbox(self._state(api_url, admin_kubeconfig, pki, ports), self.processes)
         # Plain REST rather than the kubernetes package: importing that takes seconds.
         with httpx.Client(base_url=api_url, verify=context, timeout=10.0) as api:
@@ -542,6 +609,8 @@ class _Starter:
             self._wait_http(scheduler, f"{scheduler_url}/healthz", context)
             self._wait_nodes_ready(api, sandbox.state.nodes, kwok)
             self._wait_default_service_account(api, kcm)
+            if runtime is not None:
+                self._wait_http(runtime, f"http://127.0.0.1:{ports['pod-runtime']}/healthz")
         if prometheus_process is not None:
             self._wait_http(prometheus_process, f"http://127.0.0.1:{ports['prometheus']}/-/ready")
         sandbox.state.startup_seconds = round(time.monotonic() - self.started, 2)
@@ -562,6 +631,8 @@ class _Starter:
             client_key=str(pki.admin[1]),
             prometheus_url=prometheus_url,
             prometheus_config=str(self.state_dir / "prometheus.yml") if prometheus_url else None,
+            pod_network=self.network.cidr if self.network else network.LOOPBACK_NETWORK,
+            pod_network_routed=bool(self.network and self.network.routed),
             nodes=[],
             components=dict(self.records),
             started_at=time.time(),
@@ -607,6 +678,9 @@ class _Starter:
             "--allow-privileged=true",
             "--profiling=false",
             "--event-ttl=1h",
+            f"--kubelet-client-certificate={pki.client_files['kubelet-client'][0]}",
+            f"--kubelet-client-key={pki.client_files['kubelet-client'][1]}",
+            "--kubelet-preferred-address-types=InternalIP",
         ]
 
     @staticmethod
@@ -642,11 +716,59 @@ class _Starter:
     def _scheduler_argv(self, binary: Path, pki: _Pki, kubeconfig: Path, port: int) -> list[str]:
         return self._component_argv(binary, kubeconfig, port, pki.scheduler_serving)
 
-    def _start_prometheus(self, binary: Path, port: int) -> ServerProcess:
+    def _kwok_config(self, port: int, pki: _Pki) -> str:
+        runtime = self.options.pod_runtime
+        served = None
+        if runtime is not None:
+            extra = tuple(parse_image_option(option) for option in runtime.images)
+            served = default_registry(extra).kwok_predicate()
+        documents = [
+            fake_nodes.kwok_configuration(
+                server_port=port,
+                tls=(str(pki.kwok_serving[0]), str(pki.kwok_serving[1])),
+                enable_crds=("Logs",) if runtime is not None else (),
+            )
+        ]
+        if served is not None:
+            documents += kwok_stages.pod_stages(served)
+        return yaml.safe_dump_all(documents, sort_keys=False)
+
+    def _install_logs_crd(self, api_url: str, context: ssl.SSLContext) -> None:
+        with httpx.Client(base_url=api_url, verify=context, timeout=10.0) as api:
+            response = api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=kwok_stages.logs_crd())
+            if response.status_code not in (201, 409):
+                raise StartError(f"installing kwok's Logs resource failed: {response.text}")
+
+            def established() -> bool:
+                crd = api.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/logs.kwok.x-k8s.io").json()
+                conditions = crd.get("status", {}).get("conditions") or []
+                return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+            wait_until(established, timeout=self._remaining(), what="kwok's Logs resource", interval=0.05)
+
+    def _start_pod_runtime(self, api_url: str, pki: _Pki, port: int, options: PodRuntimeOptions) -> ServerProcess:
+        self.report("starting the pod runtime")
+        cert, key = pki.client_files["pod-runtime"]
+        argv = [
+            sys.executable,
+            "-m",
+            "cacheroute.sandbox.runtime",
+            f"--state-dir={self.state_dir / 'runtime'}",
+            f"--server={api_url}",
+            f"--ca={pki.ca}",
+            f"--cert={cert}",
+            f"--key={key}",
+            f"--health-address=127.0.0.1:{port}",
+            *options.argv(),
+        ]
+        url = f"http://127.0.0.1:{port}"
+        return self._spawn("pod-runtime", argv, url, f"{url}/healthz")
+
+    def _start_prometheus(self, binary: Path, port: int, access: prom.KubernetesAccess) -> ServerProcess:
         self.report("starting prometheus")
         url = f"http://127.0.0.1:{port}"
         config = self.state_dir / "prometheus.yml"
-        config.write_text(yaml.safe_dump(prom.base_config(f"127.0.0.1:{port}"), sort_keys=False))
+        config.write_text(yaml.safe_dump(prom.base_config(f"127.0.0.1:{port}", access), sort_keys=False))
         argv = prom.command_line(binary, config=config, data=self.state_dir / "prometheus-data", port=port)
         return self._spawn("prometheus", argv, url, f"{url}/-/ready")
 
@@ -656,7 +778,7 @@ class _Starter:
         self.report(f"creating {self.options.nodes} fake GPU nodes")
         created = []
         for index in range(self.options.nodes):
-            manifest = fake_nodes.node_manifest(index)
+            manifest = fake_nodes.node_manifest(index, network=self.network)
             response = api.post("/api/v1/nodes", json=manifest)
             if response.status_code != 201:
                 raise StartError(f"creating node {manifest['metadata']['name']} failed: {response.text}")

@@ -1,13 +1,16 @@
 """Fake GPU nodes, as NVIDIA GPU feature discovery and the device plugin would label them.
 
-kwok gives each pod an address from its node's `spec.podCIDR`; node i gets 127.1.i.0/24, so a
-pod's IP is a loopback address that a local process (a vLLM emulator) can listen on.
+kwok gives each pod an address from its node's `spec.podCIDR`, the node's /24 of the sandbox's pod
+network (`sandbox.network`): an address of this machine that a local process (a vLLM emulator, a
+router) can listen on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from cacheroute.sandbox.network import LOOPBACK_NETWORK, PodNetwork
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -41,16 +44,19 @@ def node_name(index: int) -> str:
     return f"kwok-h100-{index}"
 
 
-def pod_cidr(index: int) -> str:
-    return f"127.1.{index}.0/24"
+def pod_cidr(index: int, network: PodNetwork | None = None) -> str:
+    return (network or PodNetwork(LOOPBACK_NETWORK, False)).node_cidr(index)
 
 
 def node_ip(index: int) -> str:
-    # Outside every pod CIDR, so a node address never collides with a pod address.
-    return f"127.2.0.{index + 1}"
+    """Every fake node's kubelet is kwok, on 127.0.0.1: the API server reaches it there for logs.
+
+    The address is outside every pod CIDR, so a node address never collides with a pod address.
+    """
+    return "127.0.0.1"
 
 
-def node_manifest(index: int, node_type: GpuNodeType = H100) -> dict[str, Any]:
+def node_manifest(index: int, node_type: GpuNodeType = H100, network: PodNetwork | None = None) -> dict[str, Any]:
     """The Node object for fake GPU node `index` (0-based), status included."""
     if not 0 <= index < MAX_NODES:
         raise ValueError(f"node index {index} is outside 0..{MAX_NODES - 1}")
@@ -81,8 +87,8 @@ def node_manifest(index: int, node_type: GpuNodeType = H100) -> dict[str, Any]:
             },
         },
         "spec": {
-            "podCIDR": pod_cidr(index),
-            "podCIDRs": [pod_cidr(index)],
+            "podCIDR": pod_cidr(index, network),
+            "podCIDRs": [pod_cidr(index, network)],
             "taints": [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}],
         },
         "status": {
@@ -104,17 +110,25 @@ def gpu_scheduling(product: str = H100.product) -> dict[str, Any]:
     }
 
 
-def kwok_configuration(*, server_port: int) -> dict[str, Any]:
-    """kwok's own configuration: which nodes it manages and where its health endpoint listens."""
-    return {
-        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-        "kind": "KwokConfiguration",
-        "options": {
-            "manageAllNodes": False,
-            "manageNodesWithAnnotationSelector": f"{KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
-            "cidr": KWOK_DEFAULT_POD_CIDR,
-            "nodeIP": "127.2.0.254",
-            "serverAddress": f"127.0.0.1:{server_port}",
-            "nodeLeaseDurationSeconds": 40,
-        },
+def kwok_configuration(
+    *, server_port: int, tls: tuple[str, str] | None = None, enable_crds: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """kwok's own configuration: which nodes it manages and where its server listens.
+
+    The server is the fake kubelets' endpoint (`daemonEndpoints` of every node): with `tls`
+    (certificate, key) the API server can reach it for `kubectl logs`.
+    """
+    options: dict[str, Any] = {
+        "manageAllNodes": False,
+        "manageNodesWithAnnotationSelector": f"{KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
+        "cidr": KWOK_DEFAULT_POD_CIDR,
+        "nodeIP": "127.0.0.1",
+        "serverAddress": f"127.0.0.1:{server_port}",
+        "nodePort": server_port,
+        "nodeLeaseDurationSeconds": 40,
     }
+    if tls is not None:
+        options["tlsCertFile"], options["tlsPrivateKeyFile"] = tls
+    if enable_crds:
+        options["enableCRDs"] = list(enable_crds)
+    return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": options}

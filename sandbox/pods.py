@@ -1,8 +1,9 @@
-"""Following pods that kwok reports Running, with their loopback pod IPs.
+"""Following pods that are Running, with their (local) pod IPs.
 
-This is the hook for starting one local server (a vLLM emulator) per scheduled pod: `PodWatcher`
-calls `on_running` once per pod when it is Running with an IP, and `on_gone` when it stops being
-so (deleted, terminating, or another phase).
+`PodWatcher` calls `on_running` once per pod when it is Running with an IP, and `on_gone` when it
+stops being so (deleted, terminating, or another phase). The pod runtime (`sandbox.runtime`) is
+what serves pods of the CacheRoute and vLLM images; this is for tests and tools that want to follow
+pods themselves.
 """
 
 from __future__ import annotations

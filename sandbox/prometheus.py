@@ -57,14 +57,66 @@ class ScrapeJob:
         }
 
 
-def base_config(self_address: str) -> dict[str, Any]:
+POD_JOB = "kubernetes-pods"
+
+
+@dataclass(frozen=True)
+class KubernetesAccess:
+    """Where Prometheus finds the API server for pod discovery, and who it is there."""
+
+    api_server: str
+    ca_file: str
+    cert_file: str
+    key_file: str
+
+
+def pod_discovery_job(access: KubernetesAccess) -> dict[str, Any]:
+    """Scrape every pod annotated `prometheus.io/scrape: "true"` on its `prometheus.io/port` and path.
+
+    Targets are the pod IP and the annotated port; series carry `namespace` and `pod` labels. Only
+    Running pods are scraped. Discovery reads pods with the sandbox's credentials.
+    """
+    return {
+        "job_name": POD_JOB,
+        "scrape_interval": SCRAPE_INTERVAL,
+        "scrape_timeout": SCRAPE_INTERVAL,
+        "kubernetes_sd_configs": [
+            {
+                "role": "pod",
+                "api_server": access.api_server,
+                "tls_config": {
+                    "ca_file": access.ca_file,
+                    "cert_file": access.cert_file,
+                    "key_file": access.key_file,
+                },
+            }
+        ],
+        "relabel_configs": [
+            {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "action": "keep",
+             "regex": "true"},
+            {"source_labels": ["__meta_kubernetes_pod_phase"], "action": "keep", "regex": "Running"},
+            {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"], "action": "replace",
+             "regex": "(.+)", "target_label": "__metrics_path__"},
+            {"source_labels": ["__address__", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
+             "action": "replace", "regex": "([^:]+)(?::\\d+)?;(\\d+)", "replacement": "$1:$2",
+             "target_label": "__address__"},
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        ],
+    }
+
+
+def base_config(self_address: str, kubernetes: KubernetesAccess | None = None) -> dict[str, Any]:
+    jobs = [ScrapeJob("prometheus", [self_address]).to_config()]
+    if kubernetes is not None:
+        jobs.append(pod_discovery_job(kubernetes))
     return {
         "global": {
             "scrape_interval": SCRAPE_INTERVAL,
             "scrape_timeout": SCRAPE_INTERVAL,
             "evaluation_interval": SCRAPE_INTERVAL,
         },
-        "scrape_configs": [ScrapeJob("prometheus", [self_address]).to_config()],
+        "scrape_configs": jobs,
     }
 
 

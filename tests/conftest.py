@@ -33,6 +33,13 @@ def namespace(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[str]
 
 
 @pytest.fixture
+def runtime_namespace(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace whose pods the sandbox's pod runtime really runs; deleted afterwards."""
+    with testing.fresh_namespace(sandbox, request.node.name, pod_runtime=True) as name:
+        yield name
+
+
+@pytest.fixture
 def prometheus(sandbox: Sandbox) -> Iterator[testing.ScopedPrometheus]:
     """The sandbox's Prometheus; scrape jobs added by the test are removed afterwards."""
     with testing.scoped_prometheus(sandbox) as scoped:

@@ -14,13 +14,17 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from cacheroute.sandbox.cluster import Sandbox, SandboxOptions, temporary_state_dir
+from cacheroute.sandbox.cluster import PodRuntimeOptions, Sandbox, SandboxOptions, temporary_state_dir
 from cacheroute.sandbox.envoy import Envoy, start_envoy
 from cacheroute.sandbox.process import wait_until
 from cacheroute.sandbox.prometheus import Prometheus, ScrapeJob
 
 REUSE_ENV = "CACHEROUTE_TEST_SANDBOX"
 NAMESPACE_LABEL = "cacheroute.dev/test"
+# The session's pod runtime runs the pods of namespaces with this label only; elsewhere pods of
+# the CacheRoute and vLLM images are marked ready at once, as kwok marks every other pod.
+RUNTIME_LABEL = "cacheroute.dev/pod-runtime"
+TEST_RUNTIME = PodRuntimeOptions(namespace_selector=f"{RUNTIME_LABEL}=enabled", restart_backoff_s=0.5)
 
 
 @contextlib.contextmanager
@@ -29,7 +33,11 @@ def session_sandbox(nodes: int = 4) -> Iterator[Sandbox]:
     if reuse:
         yield Sandbox.attach(Path(reuse).expanduser())
         return
-    sandbox = Sandbox.up(SandboxOptions(name="pytest", state_dir=temporary_state_dir(), nodes=nodes, detach=False))
+    sandbox = Sandbox.up(
+        SandboxOptions(
+            name="pytest", state_dir=temporary_state_dir(), nodes=nodes, detach=False, pod_runtime=TEST_RUNTIME
+        )
+    )
     try:
         yield sandbox
     finally:
@@ -42,14 +50,20 @@ def _dns_label(text: str, limit: int = 40) -> str:
 
 
 @contextlib.contextmanager
-def fresh_namespace(sandbox: Sandbox, test_name: str, timeout: float = 30.0) -> Iterator[str]:
-    """A new namespace (named after the test) with its default ServiceAccount; deleted afterwards."""
+def fresh_namespace(
+    sandbox: Sandbox, test_name: str, timeout: float = 30.0, *, pod_runtime: bool = False
+) -> Iterator[str]:
+    """A new namespace (named after the test) with its default ServiceAccount; deleted afterwards.
+
+    With `pod_runtime`, the sandbox's pod runtime really runs the namespace's pods.
+    """
     from kubernetes import client
 
     core = client.CoreV1Api(sandbox.api_client())
-    created = core.create_namespace(
-        {"metadata": {"generateName": f"{_dns_label(test_name)}-", "labels": {NAMESPACE_LABEL: "true"}}}
-    )
+    labels = {NAMESPACE_LABEL: "true"}
+    if pod_runtime:
+        labels[RUNTIME_LABEL] = "enabled"
+    created = core.create_namespace({"metadata": {"generateName": f"{_dns_label(test_name)}-", "labels": labels}})
     name: str = created.metadata.name
     try:
         # Pod admission needs the ServiceAccount that the controller manager adds.

@@ -9,15 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from kubernetes import client, config
 from typer.testing import CliRunner
 
+from cacheroute.sandbox import nodes
 from cacheroute.sandbox.cli import app
 from cacheroute.sandbox.cluster import Sandbox, SandboxOptions
 from cacheroute.sandbox.process import StartError
+from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 
-CORE = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus"}
+CORE = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus", "pod-runtime"}
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -33,6 +36,19 @@ def processes_mentioning(text: str) -> list[int]:
             continue
         if text in cmdline and state != "Z":
             found.append(int(entry.name))
+    return found
+
+
+def processes_working_in(directory: str) -> list[int]:
+    """Live processes whose working directory is under `directory` (pods of the runtime)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "cwd").startswith(directory):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
     return found
 
 
@@ -96,8 +112,8 @@ def test_cli_up_then_down_stops_every_process_and_removes_the_state(tmp_path: Pa
     try:
         assert up.returncode == 0, up.stderr
         assert up.stdout == f"export KUBECONFIG={state_dir / 'kubeconfig'}\n"
-        # The servers outlive the command that started them.
-        assert len(processes_mentioning(str(state_dir))) == 5
+        # The servers outlive the command that started them: the control plane, kwok, the pod runtime.
+        assert len(processes_mentioning(str(state_dir))) == 6
         status = subprocess.run(
             [*command, "status", "--state-dir", str(state_dir), "--json"],
             capture_output=True,
@@ -106,10 +122,26 @@ def test_cli_up_then_down_stops_every_process_and_removes_the_state(tmp_path: Pa
             check=True,
         )
         assert all(row["healthy"] for row in json.loads(status.stdout)["components"])
+        # A pod the runtime runs is a process of this machine (working in the pod's directory)...
+        api = config.new_client_from_config(config_file=str(state_dir / "kubeconfig"))
+        with api:
+            wait_for(
+                lambda: bool(client.CoreV1Api(api).list_namespaced_service_account("default").items),
+                timeout=60,
+                what="the default ServiceAccount",
+            )
+            client.CoreV1Api(api).create_namespaced_pod("default", {
+                "metadata": {"name": "sleeper"},
+                "spec": {**nodes.gpu_scheduling(), "containers": [
+                    {"name": "c", "image": "ghcr.io/cacheroute/cacheroute:0.1.0", "command": ["sleep", "3600"]}]},
+            })
+        wait_for(lambda: bool(processes_working_in(str(state_dir))), timeout=60, what="the pod's process")
     finally:
         down = subprocess.run(
             [*command, "down", "--state-dir", str(state_dir)], capture_output=True, text=True, timeout=120, check=False
         )
     assert down.returncode == 0, down.stderr
     assert processes_mentioning(str(state_dir)) == []
+    # ...which `down` stops with the runtime.
+    assert processes_working_in(str(state_dir)) == []
     assert not state_dir.exists()

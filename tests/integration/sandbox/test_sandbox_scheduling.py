@@ -1,4 +1,4 @@
-"""The real scheduler places GPU pods on the fake H100 nodes; kwok runs them on loopback IPs."""
+"""The real scheduler places GPU pods on the fake H100 nodes; kwok runs them on local pod IPs."""
 
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ def test_nodes_look_like_gpu_feature_discovery_labelled_h100s(sandbox: Sandbox, 
         assert node.status.allocatable[nodes.GPU_RESOURCE] == "8"
         assert node.status.capacity[nodes.GPU_RESOURCE] == "8"
         assert [(t.key, t.value, t.effect) for t in node.spec.taints] == [("nvidia.com/gpu", "present", "NoSchedule")]
-        assert ipaddress.IPv4Network(node.spec.pod_cidr).subnet_of(ipaddress.IPv4Network("127.0.0.0/8"))
+        assert ipaddress.IPv4Network(node.spec.pod_cidr).subnet_of(ipaddress.IPv4Network(sandbox.state.pod_network))
 
 
-def test_gpu_pod_is_scheduled_and_runs_on_a_loopback_ip(sandbox: Sandbox, kube_api: Any, namespace: str) -> None:
+def test_gpu_pod_is_scheduled_and_runs_on_a_local_ip(sandbox: Sandbox, kube_api: Any, namespace: str) -> None:
     seen: list[PodEndpoint] = []
     gone: list[PodEndpoint] = []
     apps = client.AppsV1Api(kube_api)

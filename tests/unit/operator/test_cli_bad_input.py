@@ -27,6 +27,10 @@ runner = CliRunner()
 BASE_ARGS: dict[str, list[str]] = {
     "memory-plan": ["--model", "llama-3.1-8b"],
     "router envoy-config": ["--router", "127.0.0.1:9002", "--endpoints", "127.0.0.1:8000"],
+    # Without --sandbox or credentials the runtime stops before it starts anything.
+    "sandbox runtime": ["--state-dir", "{state}"],
+    # Port 1 of loopback: were the bad value accepted, the target check fails at once.
+    "sandbox load": ["http://127.0.0.1:1"],
 }
 
 
@@ -140,11 +144,12 @@ def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[st
             "directory": str(tmp_path / "a-dir"),
             "file": str(tmp_path / "a-file"),
             "taken": str(taken.getsockname()[1]),
+            "state": str(tmp_path / "state"),
         }
 
 
 def run_bad(path: str, args: list[str], guarded: dict[str, str]) -> Any:
-    base = list(BASE_ARGS.get(path, []))
+    base = [arg.format(**guarded) for arg in BASE_ARGS.get(path, [])]
     if path == "router serve" and not any(a in args for a in ("--grpc-port", "--grpc-host")):
         # Were the bad value accepted, the router would fail to bind instead of serving forever.
         base += ["--grpc-host", "127.0.0.1", "--grpc-port", guarded["taken"]]

@@ -80,7 +80,7 @@ def test_envtest_assets_need_not_hold_every_component(monkeypatch: pytest.Monkey
     executable(tmp_path / "kube-apiserver")
     monkeypatch.setenv(binaries.ASSETS_ENV, str(tmp_path))
     missing = [c.name for c in binaries.missing_go_components()]
-    assert missing == ["kube-controller-manager", "kube-scheduler", "kwok", "helm"]
+    assert missing == ["kube-controller-manager", "kube-scheduler", "kwok", "helm", "prometheus"]
 
 
 def test_override_that_is_not_executable_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cacheroute.sandbox import nodes
+from cacheroute.sandbox import network, nodes
 from cacheroute.sandbox.pki import CertificateAuthority
 from cacheroute.sandbox.prometheus import ScrapeJob
 
@@ -49,13 +49,16 @@ def test_signing_key_is_p256() -> None:
     assert key.curve.name == "secp256r1"
 
 
-def test_node_pod_cidrs_are_loopback_and_disjoint() -> None:
-    cidrs = [ipaddress.IPv4Network(nodes.node_manifest(i)["spec"]["podCIDR"]) for i in range(8)]
-    loopback = ipaddress.IPv4Network("127.0.0.0/8")
-    assert all(c.subnet_of(loopback) for c in cidrs)
+@pytest.mark.parametrize("pod_network", [network.LOCAL_NETWORK, network.LOOPBACK_NETWORK])
+def test_node_pod_cidrs_split_the_pod_network_and_miss_the_node_address(pod_network: str) -> None:
+    net = network.PodNetwork(pod_network, routed=False)
+    cidrs = [ipaddress.IPv4Network(nodes.node_manifest(i, network=net)["spec"]["podCIDR"]) for i in range(8)]
+    assert all(c.subnet_of(ipaddress.IPv4Network(pod_network)) and c.prefixlen == 24 for c in cidrs)
     assert len({c for c in cidrs}) == 8
     node_ips = [ipaddress.ip_address(nodes.node_ip(i)) for i in range(8)]
     assert not any(ip in c for ip in node_ips for c in cidrs)
+    # Outside the loopback range, the EndpointSlice API accepts pod addresses.
+    assert not ipaddress.IPv4Network(network.LOCAL_NETWORK).subnet_of(ipaddress.IPv4Network("127.0.0.0/8"))
 
 
 def test_node_manifest_matches_gpu_feature_discovery() -> None:

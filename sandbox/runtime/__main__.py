@@ -1,0 +1,3 @@
+from cacheroute.sandbox.runtime.cli import main
+
+main()
