@@ -13,6 +13,7 @@ from rich.table import Table
 
 from cacheroute.sandbox import binaries
 from cacheroute.sandbox.binaries import BinaryNotFoundError, BuildError
+from cacheroute.sandbox.network import LOOPBACK_NETWORK
 from cacheroute.sandbox.process import StartError
 
 if TYPE_CHECKING:
@@ -120,10 +121,10 @@ def up(
     except (SandboxError, StartError, BinaryNotFoundError, BuildError) as exc:
         raise _fail(console, exc) from None
     console.print(f"sandbox {name!r} up in {sandbox.state.startup_seconds:.1f}s ({sandbox.state_dir})", soft_wrap=True)
-    if not sandbox.state.pod_network_routed:
+    if sandbox.state.pod_network == LOOPBACK_NETWORK:
         console.print(
-            f"[yellow]warning:[/yellow] pod IPs are loopback addresses ({sandbox.state.pod_network}): the local "
-            "route for the pod network needs root, and EndpointSlices refuse loopback addresses",
+            f"[yellow]warning:[/yellow] pod IPs are loopback addresses ({sandbox.state.pod_network}), which "
+            "EndpointSlices refuse; run the sandbox inside `cacheroute sandbox isolate -- COMMAND` (needs root)",
             soft_wrap=True,
         )
     _print_status(sandbox, console)
@@ -199,6 +200,30 @@ def emulator(ctx: typer.Context) -> None:
     except OSError as exc:  # the address is taken, or not this machine's
         Console(stderr=True).print(f"[red]error:[/red] cannot listen: {exc}")
         raise typer.Exit(1) from None
+
+
+@app.command(
+    "isolate",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def isolate(ctx: typer.Context) -> None:
+    """Run COMMAND in a private network namespace where pods get addresses EndpointSlices accept.
+
+    `cacheroute sandbox isolate -- bash` gives a shell in which `cacheroute sandbox up` starts a
+    sandbox with pod IPs in 198.18.0.0/16; nothing started inside is reachable from outside the
+    namespace (nor can it reach other machines). `make test` and `make demo` run this way. Needs root.
+    """
+    import os
+
+    from cacheroute.sandbox.network import IsolationError, isolate_command
+
+    args = ctx.args[1:] if ctx.args[:1] == ["--"] else list(ctx.args)
+    try:
+        command = isolate_command(args)
+    except IsolationError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    os.execv(command[0], command)
 
 
 def _more_commands() -> None:

@@ -88,7 +88,7 @@ class SandboxState(BaseModel):
     prometheus_url: str | None = None
     prometheus_config: str | None = None
     pod_network: str = network.LOOPBACK_NETWORK
-    # Whether this sandbox holds a claim on the local route of `pod_network` (see `network`).
+    # Whether this sandbox holds a claim on the host's local route of `pod_network` (see `network`).
     pod_network_routed: bool = False
     nodes: list[str]
     components: dict[str, ComponentRecord]

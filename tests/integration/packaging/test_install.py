@@ -29,8 +29,12 @@ def test_pip_install_then_crds_is_byte_identical(tmp_path: Path) -> None:
     # A non-editable install from a copy proves nothing leans on the source tree.
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "bench-results"))
+    # Offline: `make test` runs in a network namespace with no route out; every dependency is in
+    # uv's cache since `make` installed the same ones into .venv.
     subprocess.run(
-        [_uv(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(src)], check=True, env=env
+        [_uv(), "pip", "install", "-q", "--offline", "--python", str(venv / "bin" / "python"), str(src)],
+        check=True,
+        env=env,
     )
     shutil.rmtree(src)
     out = tmp_path / "crds"
