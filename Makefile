@@ -26,8 +26,10 @@ unit: $(STAMP)
 integration: $(STAMP) sandbox-deps
 	$(ISOLATE) $(VENV)/bin/pytest -m integration
 
+## Style, then the dependency contracts of docs/architecture.md (pyproject.toml [tool.importlinter]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -45,7 +47,7 @@ bench: $(STAMP) sandbox-deps
 	$(PY) -c "from tests.bench.bench_router import loadgen_binary; loadgen_binary()"
 	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(ISOLATE) $(PY) -m tests.bench.$$(basename $$b .py); done
 
-## Shadow replay of the paper's workload on 30 simulated H100 destinations: table, JSON and plots in demo/.
+## Shadow replay of the paper's workload on 30 modelled H100 destinations: table, JSON and plots in demo/.
 demo: $(STAMP)
 	$(VENV)/bin/cacheroute replay --workload cacheroute-paper --duration 900 --destinations 30 \
 	    --policies p2c,prefix-tree,gie-prefix,preble,cacheroute --qps 120,170,200 --out demo

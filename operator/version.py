@@ -1,4 +1,4 @@
-"""Kopf handlers, CRD models and the command line."""
+"""The installed version of cacheroute (`cacheroute version`)."""
 
 from importlib.metadata import PackageNotFoundError, version
 

@@ -1,18 +1,28 @@
-"""Admission: fill the warm-prefix budget with the keys that save the most prefill per KV token.
+"""Step 2 of a plan, admission: fill the warm room with the keys that save the most prefill per KV
+token (`admit`).
 
 A key held warm on r destinations saves `rate x prefix` prompt tokens of prefill per second and
 holds `prefix x r` tokens of KV, so its value per KV token is `rate / r` (times the prefill cost
 per token, the same for every key): a long prefix costs more budget in proportion to what it
-saves, so long and short prefixes compete on equal terms.
+saves, so long and short prefixes compete on equal terms. Keys the previous plan routed get a
+`1 + stability.min_gain` head start, so keys near the cut do not flip in and out on noise.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
+from cacheroute.planner.keystats import KeyStats
+from cacheroute.planner.load import CostModel, cold_load, dot
+from cacheroute.planner.plan import Plan
+from cacheroute.planner.settings import Stability
+
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
 B = npt.NDArray[np.bool_]
 
 # Each pass of the greedy skips one key that no longer fits; later passes only refill the
@@ -107,3 +117,91 @@ def greedy_admit(candidates: I64, density: F64, cost: F64, budget: float, passes
         if not len(stream):
             break
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Admitted:
+    """The admitted keys, by ascending stats row, with what placement needs of each."""
+
+    rows: I64
+    hashes: U64
+    replicas: I64
+    prefix: F64
+    per_replica: F64  # load of one replica
+    priority: F64  # value per KV token (who keeps warm room first)
+    cold: F64  # load if routed by p2c instead
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def planned_load(self) -> float:
+        return dot(self.replicas, self.per_replica)
+
+
+@dataclass(frozen=True, eq=False)
+class Admission:
+    keys: Admitted
+    candidates: int  # keys eligible at all (something to save, fits the room)
+
+
+def _member(values: U64, sorted_keys: U64) -> B:
+    """Which `values` occur in the sorted, unique `sorted_keys`."""
+    if not len(sorted_keys):
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
+    return np.asarray(sorted_keys[pos] == values)
+
+
+def admit(
+    stats: KeyStats,
+    *,
+    key_load: F64,
+    replicas: I64,
+    room: F64,
+    pinned: B,
+    previous: Plan | None,
+    stability: Stability,
+    cost: CostModel,
+) -> Admission:
+    """Step 2: admit keys (not `pinned`) into the warm `room`, incumbents of `previous` first on ties."""
+    density = value_per_token(stats.rate, replicas)
+    kv_cost = stats.prefix_tokens * replicas
+    candidates = np.flatnonzero(eligible_keys(stats.rate, stats.prefix_tokens, replicas, room, pinned))
+    total_room = float(room.sum())
+    admitted = greedy_admit(candidates, density, kv_cost, total_room)
+    if previous is not None and len(previous) and stability.min_gain > 0 and len(admitted):
+        # Incumbents get a head start; only keys that could reach the cut with it need hashing.
+        cut = float(density[admitted].min())
+        band = candidates[density[candidates] >= cut / (1 + stability.min_gain)]
+        band_hashes = stats.hashes_of(band)
+        boosted = density.copy()
+        boosted[band[_member(band_hashes, previous.route_keys)]] *= 1 + stability.min_gain
+        admitted = np.sort(greedy_admit(band, boosted, kv_cost, total_room))
+        # `band` is ascending, so each admitted row finds its hash by bisection.
+        hashes = band_hashes[np.searchsorted(band, admitted)]
+    else:
+        admitted = np.sort(admitted)
+        hashes = stats.hashes_of(admitted)
+    reps = replicas[admitted]
+    keys = Admitted(
+        rows=admitted,
+        hashes=hashes,
+        replicas=reps,
+        prefix=stats.prefix_tokens[admitted],
+        per_replica=key_load[admitted] / reps,
+        priority=density[admitted],
+        cold=cold_load(stats, cost, admitted),
+    )
+    return Admission(keys, len(candidates))
+
+
+def nothing_admitted_because(keys: int, warm_budget: F64, candidates: int) -> str | None:
+    """Why a plan admits nothing, when the input says so."""
+    if keys == 0:
+        return "no keyed traffic in the window: nothing to admit"
+    if not float(warm_budget.sum()) > 0:
+        return "the warm budget is zero (auto needs kvCapacityTokens of destinations)"
+    if not candidates:
+        return "no key has a reusable prefix that fits the warm budget"
+    return None

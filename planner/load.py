@@ -1,22 +1,30 @@
-"""Load estimation: what each key costs a destination, and how many destinations it needs.
+"""Step 1 of a plan, load and replicas: what each key costs a destination, how many destinations
+it needs, and the warm room the pinned routes leave to admission (`key_demand`).
 
 Load is measured in *destination-seconds per second*: the busy share of a destination of weight
-1 (1.0 means one such destination fully busy). A destination of weight w serves w of it.
+1 (1.0 means one such destination fully busy). A destination of weight w serves w of it. Pinned
+routes (keys the operator routes by hand) are served before anyone: they take their load and
+their prefixes' warm room first.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from cacheroute.planner.errors import PlanInputError
-from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
+from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic, affinity_key_hashes
+from cacheroute.planner.plan import Destination
+from cacheroute.planner.settings import Budget
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+B = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -94,3 +102,111 @@ def replicas_needed(load: F64, share: float, min_weight: float, cap: int) -> I64
     per_destination = share * min_weight
     need = np.ceil(load / per_destination - 1e-12)
     return np.clip(need, 1, max(cap, 1)).astype(np.int64)
+
+
+def warm_budget(destinations: Sequence[Destination], budget: Budget) -> F64:
+    """Warm KV tokens per destination: the fixed number (within KV capacity when known), or auto."""
+    kv = np.array([float(d.kv_capacity_tokens) for d in destinations], dtype=np.float64)
+    if budget.warm_tokens_per_destination == "auto":
+        return np.floor(kv * budget.auto_fraction)
+    fixed = float(budget.warm_tokens_per_destination)
+    return np.where(kv > 0, np.minimum(kv, fixed), fixed)
+
+
+@dataclass(frozen=True, eq=False)
+class PinnedRoutes:
+    """The pinned keys, their destinations, and the load and warm room they take."""
+
+    rows: I64  # stats row per pinned key, -1 when the key has no statistics
+    hashes: U64
+    dests: list[list[int]]
+    load: F64  # per destination
+    kv: F64  # per destination
+    mask: B  # per stats row
+    key_load: F64  # per pinned key
+
+
+def pinned_routes(
+    pinned: Mapping[str, Sequence[str]],
+    stats: KeyStats,
+    key_load: F64,
+    dest_ids: list[str],
+    budget: Budget,
+) -> PinnedRoutes:
+    """Check the pinned routes against the pool and charge their keys' load and prefixes."""
+    m = len(dest_ids)
+    index = {d: i for i, d in enumerate(dest_ids)}
+    names = list(pinned)
+    rows = np.full(len(names), -1, dtype=np.int64)
+    mask = np.zeros(len(stats), dtype=bool)
+    load = np.zeros(m, dtype=np.float64)
+    kv = np.zeros(m, dtype=np.float64)
+    plist: list[list[int]] = []
+    row_of = {k: i for i, k in enumerate(stats.names)} if names else {}
+    pload = np.zeros(len(names), dtype=np.float64)
+    for j, name in enumerate(names):
+        ids = pinned[name]
+        if not isinstance(name, str) or not name:
+            raise PlanInputError(f"pinned key {name!r} must be a non-empty string")
+        if isinstance(ids, str) or not len(ids):
+            raise PlanInputError(f"pinned[{name!r}] must list at least one destination id, got {ids!r}")
+        if len(ids) > budget.max_destinations_per_key:
+            raise PlanInputError(
+                f"pinned[{name!r}] lists {len(ids)} destinations, more than "
+                f"budget.max_destinations_per_key={budget.max_destinations_per_key}"
+            )
+        unknown = [d for d in ids if d not in index]
+        if unknown:
+            raise PlanInputError(
+                f"pinned[{name!r}] names destination {unknown[0]!r}, which is not in the pool "
+                f"(known: {', '.join(dest_ids[:8])}{', ...' if m > 8 else ''})"
+            )
+        if len(set(ids)) != len(ids):
+            raise PlanInputError(f"pinned[{name!r}] lists a destination twice: {list(ids)!r}")
+        dl = [index[d] for d in ids]
+        plist.append(dl)
+        row = row_of.get(name, -1)
+        rows[j] = row
+        if row >= 0:
+            mask[row] = True
+            pload[j] = float(key_load[row])
+            load[dl] += pload[j] / len(dl)
+            kv[dl] += float(stats.prefix_tokens[row])
+    return PinnedRoutes(rows, affinity_key_hashes(names), plist, load, kv, mask, pload)
+
+
+@dataclass(frozen=True, eq=False)
+class Demand:
+    """Per key: load when served warm and destinations wanted; per destination: the warm budget
+    and the room the pinned routes leave of it."""
+
+    key_load: F64
+    replicas: I64
+    pinned: PinnedRoutes
+    warm_budget: F64
+    room: F64
+    notes: tuple[str, ...]
+
+
+def key_demand(
+    stats: KeyStats,
+    destinations: Sequence[Destination],
+    *,
+    weights: F64,
+    pinned: Mapping[str, Sequence[str]],
+    budget: Budget,
+    cost: CostModel,
+) -> Demand:
+    """Step 1: every key's warm load and replicas; the pinned routes take load and room first."""
+    dest_ids = [d.id for d in destinations]
+    key_load = warm_load(stats, cost)
+    pin = pinned_routes(pinned, stats, key_load, dest_ids, budget)
+    wb = warm_budget(destinations, budget)
+    room = np.maximum(wb - pin.kv, 0.0)
+    notes = []
+    if bool(np.any(pin.kv > wb)):
+        notes.append(f"pinned prefixes exceed the warm budget on {dest_ids[int(np.argmax(pin.kv - wb))]}")
+    cap = min(budget.max_destinations_per_key, len(destinations))
+    replicas = replicas_needed(key_load, budget.max_key_share_of_destination, float(weights.min()), cap)
+    return Demand(key_load, replicas, pin, wb, room, tuple(notes))
+

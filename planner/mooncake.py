@@ -23,7 +23,6 @@ import numpy.typing as npt
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 
 MOONCAKE_BLOCK_SIZE = 512
-KEY_SPECS = ("first-blocks:K", "thread", "none")
 # Bounds of believable trace fields: about 30 years in milliseconds, a 10M-token request.
 MAX_TIMESTAMP_MS = 1e12
 MAX_TOKENS = 10_000_000

@@ -1,4 +1,5 @@
-"""Placement: LPT (longest processing time first) of admitted keys onto weighted destinations.
+"""Step 3 of a plan, placement: LPT (longest processing time first) of admitted keys onto weighted
+destinations, on top of the pinned routes and of the replicas kept in place (`Placer`).
 
 Every replica of an admitted key is one item with a load and a KV footprint. Items are taken in
 descending load; each goes to the destination where it would finish lowest relative to that
@@ -30,6 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from cacheroute.planner.admission import Admitted
+from cacheroute.planner.keystats import KeyStats
+from cacheroute.planner.load import CostModel, Demand, cold_load, total_cold_load, unkeyed_load
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -308,10 +313,6 @@ def lpt_place(
     return PlacementResult(dest, fleet.load, fleet.room)
 
 
-def normalised(load: F64, weights: F64) -> F64:
-    return load / weights
-
-
 def predicted_load(planned: F64, weights: F64, spread: float) -> F64:
     """Expected load per destination: the planned load plus unplanned traffic water-filled."""
     return planned + water_fill(planned / weights, weights, spread)
@@ -322,3 +323,117 @@ def objective(planned: F64, weights: F64, spread: float) -> float:
     if not len(planned):
         return 0.0
     return float(np.max(predicted_load(planned, weights, spread) / weights))
+
+
+@dataclass(frozen=True, eq=False)
+class KeptRoutes:
+    """Replicas that stay on their previous destination, and what each key still lacks."""
+
+    key: I64  # key of each kept replica
+    dest: I64  # its destination
+    missing: I64  # per key: replicas still to place
+    forced: I64  # per key: of those, replicas that had a destination which vanished or lost its room
+
+    @classmethod
+    def nothing(cls, replicas: I64) -> KeptRoutes:
+        """Nothing kept: every replica is to place."""
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(empty, empty, replicas.copy(), np.zeros(len(replicas), dtype=np.int64))
+
+
+@dataclass(frozen=True, eq=False)
+class Assignment:
+    """Replica placements of admitted keys (`key` indexes `Admitted`) and the fleet after them."""
+
+    key: I64
+    dest: I64
+    planned: F64  # per destination, including pinned
+    room: F64  # warm room left per destination
+
+    def by_key(self) -> tuple[I64, I64]:
+        """(key, destination) of every replica, by key; kept destinations first, then new ones."""
+        order = np.argsort(self.key, kind="stable")
+        return self.key[order], self.dest[order]
+
+
+def _items(counts: I64) -> I64:
+    """Group id of each item when group g needs counts[g] items."""
+    return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+
+
+@dataclass(frozen=True, eq=False)
+class Placer:
+    """Places admitted keys on top of the pinned routes, and scores the result."""
+
+    adm: Admitted
+    weights: F64
+    base: F64  # pinned load per destination
+    room: F64  # warm room per destination after pinned routes
+    unrouted_cold: float  # p2c load of keys that are neither admitted nor pinned
+    unkeyed: float  # p2c load of traffic without a key
+
+    def assign(self, kept: KeptRoutes, unstuck_rows: I64 | None = None) -> Assignment:
+        """Kept replicas stay (but `unstuck_rows` of them); forced re-placements go first, then new
+        and unstuck replicas."""
+        adm = self.adm
+        n_keys = len(adm)
+        k_key, k_dest = kept.key, kept.dest
+        missing = kept.missing.copy()
+        if unstuck_rows is not None and len(unstuck_rows):
+            stay = np.ones(len(k_key), dtype=bool)
+            stay[unstuck_rows] = False
+            missing += np.bincount(k_key[unstuck_rows], minlength=n_keys)
+            k_key, k_dest = k_key[stay], k_dest[stay]
+        m = len(self.weights)
+        planned = self.base + np.bincount(k_dest, weights=adm.per_replica[k_key], minlength=m)
+        left = self.room - np.bincount(k_dest, weights=adm.prefix[k_key], minlength=m)
+        # Keys that keep some replicas and need more must avoid the destinations they keep.
+        taken: dict[int, set[int]] = {}
+        if len(k_key):
+            partial = np.flatnonzero((missing > 0) & (np.bincount(k_key, minlength=n_keys) > 0))
+            if len(partial):
+                sel = np.isin(k_key, partial)
+                for g, d in zip(k_key[sel].tolist(), k_dest[sel].tolist(), strict=True):
+                    taken.setdefault(g, set()).add(d)
+        first = np.where(kept.forced > 0, missing, 0)
+        keys_out, dests_out = [k_key], [k_dest]
+        for need in (first, missing - first):
+            if not int(need.sum()):
+                continue
+            groups = _items(need)
+            res = lpt_place(
+                adm.per_replica[groups],
+                adm.prefix[groups],
+                groups,
+                weights=self.weights,
+                base_load=planned,
+                room=left,
+                taken=taken,
+            )
+            ok = res.dest >= 0
+            keys_out.append(groups[ok])
+            dests_out.append(res.dest[ok])
+            planned, left = res.load, res.room
+        return Assignment(np.concatenate(keys_out), np.concatenate(dests_out), planned, left)
+
+    def spread(self, a: Assignment) -> float:
+        """Load routed by p2c: unkeyed traffic, keys not routed, and admitted keys left unplaced."""
+        placed = np.bincount(a.key, minlength=len(self.adm)) > 0
+        return self.unkeyed + self.unrouted_cold + float(self.adm.cold[~placed].sum())
+
+    def objective(self, a: Assignment) -> float:
+        return objective(a.planned, self.weights, self.spread(a))
+
+
+def placer_for(adm: Admitted, demand: Demand, stats: KeyStats, cost: CostModel, weights: F64) -> Placer:
+    """Step 3: the placer of the admitted keys, over the pinned routes, with p2c spreading the rest."""
+    pin = demand.pinned
+    pinned_cold = float(cold_load(stats, cost, pin.rows[pin.rows >= 0]).sum())
+    return Placer(
+        adm=adm,
+        weights=weights,
+        base=pin.load,
+        room=demand.room,
+        unrouted_cold=max(total_cold_load(stats, cost) - float(adm.cold.sum()) - pinned_cold, 0.0),
+        unkeyed=unkeyed_load(stats.unkeyed, cost),
+    )

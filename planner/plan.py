@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
+
 PLAN_SCHEMA = "cacheroute.dev/plan/v1"
 DEFAULT_KEY_HEADER = "x-affinity-key"
 
@@ -98,7 +100,7 @@ class Plan:
     route_offsets: npt.NDArray[np.int64]
     route_dests: npt.NDArray[np.uint16]
     generated_at: str = ""
-    spill_threshold: float = 1.5
+    spill_threshold: float = DEFAULT_SPILL_THRESHOLD
     key_extraction: KeyExtraction = field(default_factory=KeyExtraction)
     summary: PlanSummary = field(default_factory=PlanSummary)
 

@@ -1,4 +1,5 @@
-"""Stability: keep keys where the previous plan put them, move only what pays, and count churn.
+"""Step 4 of a plan, stability: keep keys where the previous plan put them, move only what pays,
+and count churn (`stabilise`).
 
 A move costs a cold prefix on the new destination, so a re-plan keeps every key's previous
 destinations unless re-balancing improves the objective by more than `min_gain`, and then moves
@@ -14,7 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cacheroute.planner.load import dot
+from cacheroute.planner.placement import Assignment, KeptRoutes, Placer
 from cacheroute.planner.plan import Plan
+from cacheroute.planner.settings import Stability
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -69,16 +73,6 @@ def previous_routes(previous: Plan, hashes: U64, dest_ids: list[str]) -> Previou
     remap = np.array([index.get(d.id, -1) for d in previous.destinations], dtype=np.int64)
     old = previous.route_dests[_ranges(lo, counts)].astype(np.int64)
     return PreviousRoutes(offsets, remap[old])
-
-
-@dataclass(frozen=True, eq=False)
-class KeptRoutes:
-    """Replicas that stay on their previous destination, and what each key still lacks."""
-
-    key: I64  # key of each kept replica
-    dest: I64  # its destination
-    missing: I64  # per key: replicas still to place
-    forced: I64  # per key: of those, replicas that had a destination which vanished or lost its room
 
 
 def keep_previous(prev: PreviousRoutes, replicas: I64, prefix: F64, priority: F64, room: F64) -> KeptRoutes:
@@ -179,3 +173,83 @@ def moved_replicas(new_key: I64, new_dest: I64, prev: PreviousRoutes, replicas: 
     growth = np.maximum(replicas - prev.count, 0)
     incumbent = prev.count > 0
     return np.where(incumbent, np.maximum(landed_new - growth, 0), 0)
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _choose(placer: Placer, kept: KeptRoutes, stability: Stability, churn_cap: float) -> tuple[Assignment, bool, str]:
+    """The keep-in-place assignment, or a re-balanced one when it gains more than `min_gain`."""
+    keep = placer.assign(kept)
+    if not len(kept.key):
+        return keep, False, ""
+    obj_keep = placer.objective(keep)
+    fresh = placer.assign(KeptRoutes.nothing(placer.adm.replicas))
+    obj_fresh = placer.objective(fresh)
+    gain = (obj_keep - obj_fresh) / obj_keep if obj_keep > 0 else 0.0
+    if gain <= stability.min_gain:
+        why = f"a fresh placement gains {_share(max(gain, 0.0))}, below min gain {_share(stability.min_gain)}"
+        return keep, True, f"kept previous placement: {why}"
+    if churn_cap <= 0:
+        return keep, True, f"kept previous placement: max churn is 0 (a fresh placement would gain {_share(gain)})"
+    adm = placer.adm
+    m = len(placer.weights)
+    kept_load = placer.base + np.bincount(kept.dest, weights=adm.per_replica[kept.key], minlength=m)
+    rows = choose_unstick(
+        kept.dest,
+        adm.per_replica[kept.key],
+        kept_load=kept_load,
+        weights=placer.weights,
+        target=obj_fresh,
+        ceiling=obj_keep,
+        cap=churn_cap,
+    )
+    if len(rows):
+        moved = placer.assign(kept, rows)
+        obj_moved = placer.objective(moved)
+        if obj_keep - obj_moved > stability.min_gain * obj_keep:
+            note = f"re-balanced: max load {obj_keep:.3f} -> {obj_moved:.3f} (fresh placement: {obj_fresh:.3f})"
+            return moved, False, note
+    note = f"kept previous placement: moves within the churn cap would not gain {_share(stability.min_gain)}"
+    return keep, True, note
+
+
+@dataclass(frozen=True, eq=False)
+class Stabilised:
+    """The placement a plan routes by, and how much of the planned load it moved."""
+
+    placement: Assignment
+    key: I64  # the placed replicas' keys, by key (`Assignment.by_key`)
+    dest: I64  # their destinations, kept ones first within a key
+    kept_previous: bool  # the keep-in-place placement was chosen over a re-balance
+    churn: float  # share of planned load on a destination that did not hold it before
+    churn_forced: float  # part of `churn` caused by vanished destinations or lost room
+    note: str
+
+
+def stabilise(
+    placer: Placer, previous: Plan | None, dest_ids: list[str], stability: Stability, pinned_load: float
+) -> Stabilised:
+    """Step 4: place the admitted keys, keeping the previous plan's placement unless moving pays
+    more than `min_gain`, and then at most `max_churn` of the planned load (pinned included)."""
+    adm = placer.adm
+    prev = (
+        previous_routes(previous, adm.hashes, dest_ids)
+        if previous is not None
+        else PreviousRoutes(np.zeros(len(adm) + 1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    )
+    kept = (
+        keep_previous(prev, adm.replicas, adm.prefix, adm.priority, placer.room)
+        if len(prev.dest)
+        else KeptRoutes.nothing(adm.replicas)
+    )
+    planned_total = adm.planned_load + pinned_load
+    chosen, kept_previous, note = _choose(placer, kept, stability, stability.max_churn * planned_total)
+    a_key, a_dest = chosen.by_key()
+    moved = moved_replicas(a_key, a_dest, prev, adm.replicas)
+    forced = np.minimum(moved, kept.forced)
+    denom = planned_total if planned_total > 0 else 1.0
+    churn = dot(moved, adm.per_replica) / denom
+    churn_forced = dot(forced, adm.per_replica) / denom
+    return Stabilised(chosen, a_key, a_dest, kept_previous, churn, churn_forced, note)

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE
+from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
 from cacheroute.router import eventloop
 from cacheroute.router.settings import (
     BODY_MODES,
@@ -151,7 +152,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             min=0.0, max=1e6, envvar=_env("SPILL_SLACK"), help="Absolute headroom (requests) before spilling."
         ),
-    ] = 2.0,
+    ] = DEFAULT_SPILL_SLACK,
     fallbacks: Annotated[
         int,
         typer.Option(

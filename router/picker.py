@@ -1,36 +1,28 @@
-"""Choosing the endpoint of one request.
+"""Choosing the endpoint of one request: the routing rule (`cacheroute.planner.routing`) applied to
+the router's endpoints.
 
-- A planned key goes to the least-loaded ready destination of its plan entry; ties go to the
-  destination a hash of the key points at, so every router replica with the same view of load
-  picks the same one.
-- Bounded affinity: when that destination's load exceeds `spill_threshold x mean + slack` (mean
-  over ready endpoints), the request spills to power-of-two-choices among the other endpoints.
-- An unplanned key goes to key-seeded p2c (`unplanned="key-p2c"`, the default): the less loaded
-  of two candidates derived from the key's hash on a consistent-hash ring of all endpoints
-  (`cacheroute.planner.keyring`), so the next turns of a conversation whose key is not planned
-  find its prefix on one of two endpoints; a candidate that is not ready is skipped, and with
-  neither ready the request goes to plain p2c. `unplanned="p2c"` draws both at random.
-- Everything else (no key, planned destinations all unready) goes to p2c.
-
-Load is the router's own in-flight count for the endpoint plus the queue depth the endpoint
-reports on /metrics: the first reacts within a request, the second sees other router replicas.
+The rule decides planned, spilled, key-seeded p2c or p2c; this module supplies what it decides
+from: the ready endpoints (narrowed by the data plane's subset hint), each key's planned endpoints,
+the ring of every known endpoint for key-seeded p2c, and the load. Load is the router's own
+in-flight count for the endpoint plus the queue depth the endpoint reports on /metrics: the first
+reacts within a request, the second sees other router replicas. It adds the router's own part:
+fallback endpoints for the data plane to retry.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from operator import attrgetter
 from typing import NamedTuple
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.plan import KeyExtraction
+from cacheroute.planner.routing import DEFAULT_SPILL_SLACK, P2C, PLANNED, SPILLED, RoutingRule, ring_candidates
 from cacheroute.router.endpoints import Endpoint, EndpointPool
 from cacheroute.router.settings import KeyOverrides
 from cacheroute.router.table import RoutingTable, resolve_groups
 
-PLANNED = "planned"
-SPILLED = "spilled"
-P2C = "p2c"
 NONE = "none"
 OUTCOMES = (PLANNED, SPILLED, P2C, NONE)
 
@@ -51,9 +43,30 @@ class _View(NamedTuple):
     key_extraction: KeyExtraction
     # Request headers worth reading: the key and session headers, and the body size.
     headers: frozenset[str]
-    # Key-seeded p2c: the ring over every known endpoint, and the endpoint of each ring member.
-    ring: KeyRing | None
-    ring_endpoints: tuple[Endpoint, ...]
+    rule: RoutingRule[Endpoint]
+
+
+class _EndpointLoads:
+    """The rule's view of load: in flight plus scraped queue, the mean over ready endpoints."""
+
+    __slots__ = ("mean",)
+
+    def __init__(self, pool: EndpointPool) -> None:
+        self.mean = pool.mean_load
+
+    @staticmethod
+    def load(endpoint: Endpoint, /) -> float:
+        return endpoint.in_flight + endpoint.waiting
+
+
+_is_ready: Callable[[Endpoint], bool] = attrgetter("ready")
+
+
+def _ready_within(allowed: Collection[str]) -> Callable[[Endpoint], bool]:
+    def usable(e: Endpoint) -> bool:
+        return e.ready and e.address in allowed
+
+    return usable
 
 
 class Picker:
@@ -62,7 +75,7 @@ class Picker:
         pool: EndpointPool,
         *,
         spill_threshold: float | None = None,
-        spill_slack: float = 2.0,
+        spill_slack: float = DEFAULT_SPILL_SLACK,
         fallbacks: int = 0,
         keys: KeyOverrides | None = None,
         seed: int | None = None,
@@ -75,6 +88,7 @@ class Picker:
         self._fallbacks = fallbacks
         self._keys = keys or KeyOverrides()
         self._random = random.Random(seed).random
+        self._loads = _EndpointLoads(pool)
         self._view = self._make_view(RoutingTable.empty())
         pool.on_change(self.refresh)
 
@@ -84,19 +98,26 @@ class Picker:
         threshold = self._threshold_override if self._threshold_override is not None else table.spill_threshold
         extraction = self._keys.apply(table.key_extraction)
         headers = frozenset(h for h in (extraction.header, extraction.session_header, "content-length") if h)
-        ring, ring_endpoints = self._make_ring() if self._key_seeded else (None, ())
-        return _View(table, resolve_groups(table, self.pool), threshold, extraction, headers, ring, ring_endpoints)
+        rule = RoutingRule(
+            self._loads,
+            self._random,
+            spill_threshold=threshold,
+            spill_slack=self._slack,
+            key_candidates=self._ring_candidates() if self._key_seeded else None,
+        )
+        return _View(table, resolve_groups(table, self.pool), threshold, extraction, headers, rule)
 
-    def _make_ring(self) -> tuple[KeyRing | None, tuple[Endpoint, ...]]:
-        # Members are named by destination id where known (what every replica agrees on), else by
-        # address; readiness is checked per decision, so a flapping endpoint does not move keys.
+    def _ring_candidates(self) -> Callable[[int], tuple[Endpoint, Endpoint]] | None:
+        # Members are every known endpoint, named by destination id where known (what every replica
+        # agrees on), else by address; readiness is checked per decision, so a flapping endpoint
+        # does not move keys.
         endpoints = tuple(self.pool.by_address.values())
         if not endpoints:
-            return None, ()
+            return None
         names = [e.destination or e.address for e in endpoints]
         if len(set(names)) != len(names):
             names = [e.address for e in endpoints]
-        return KeyRing(names), endpoints
+        return ring_candidates(KeyRing(names), endpoints)
 
     def install(self, table: RoutingTable) -> None:
         """Follow a new plan; the pool must already know its destinations."""
@@ -128,63 +149,22 @@ class Picker:
     def pick(self, key_hash: int | None, allowed: Collection[str] | None = None) -> Decision:
         """Decide for one request; `allowed` is the data plane's subset hint (addresses)."""
         view = self._view
-        pool = self.pool
-        ready = pool.ready
+        ready = self.pool.ready
+        is_usable = _is_ready
         if allowed is not None:
             ready = tuple(e for e in ready if e.address in allowed)
+            is_usable = _ready_within(allowed)
         if not ready:
             return _NO_ENDPOINT
-        outcome = P2C
-        planned: tuple[Endpoint, ...] = ()
-        exclude: Endpoint | None = None
+        planned: tuple[Endpoint, ...] | None = None
         if key_hash is not None:
             group = view.table.routes.get(key_hash)
             if group is not None:
                 planned = view.groups[group]
                 if allowed is not None:
                     planned = tuple(e for e in planned if e.address in allowed)
-                best = _least_loaded(planned, key_hash)
-                if best is not None:
-                    overloaded = best.in_flight + best.waiting > view.spill_threshold * pool.mean_load() + self._slack
-                    # With nowhere else to go, an overloaded destination is still the best choice.
-                    if not overloaded or (len(ready) == 1 and ready[0] is best):
-                        return self._with_fallbacks(PLANNED, best, planned, ready)
-                    exclude = best
-                outcome = SPILLED
-            elif view.ring is not None:
-                return self._with_fallbacks(P2C, self._key_p2c(view, key_hash, ready, allowed), planned, ready)
-        choice = self._p2c(ready, exclude)
-        return self._with_fallbacks(outcome, choice, planned, ready)
-
-    def _key_p2c(
-        self, view: _View, key_hash: int, ready: tuple[Endpoint, ...], allowed: Collection[str] | None
-    ) -> Endpoint:
-        assert view.ring is not None
-        i, j = view.ring.pair(key_hash)
-        a, b = view.ring_endpoints[i], view.ring_endpoints[j]
-        a_ok = a.ready and (allowed is None or a.address in allowed)
-        b_ok = b is not a and b.ready and (allowed is None or b.address in allowed)
-        if a_ok and b_ok:
-            return b if b.in_flight + b.waiting < a.in_flight + a.waiting else a
-        if a_ok:
-            return a
-        if b_ok:
-            return b
-        return self._p2c(ready, None)
-
-    def _p2c(self, ready: tuple[Endpoint, ...], exclude: Endpoint | None) -> Endpoint:
-        if exclude is not None and len(ready) > 1:
-            ready = tuple(e for e in ready if e is not exclude)
-        n = len(ready)
-        if n == 1:
-            return ready[0]
-        rnd = self._random
-        i = int(rnd() * n)
-        j = int(rnd() * (n - 1))
-        if j >= i:
-            j += 1
-        a, b = ready[i], ready[j]
-        return b if b.in_flight + b.waiting < a.in_flight + a.waiting else a
+        outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable)
+        return self._with_fallbacks(outcome, chosen, planned or (), ready)
 
     def _with_fallbacks(
         self, outcome: str, primary: Endpoint, planned: tuple[Endpoint, ...], ready: tuple[Endpoint, ...]
@@ -200,20 +180,3 @@ class Picker:
             chosen.extend(rest[: self._fallbacks + 1 - len(chosen)])
         return Decision(outcome, tuple(chosen))
 
-
-def _least_loaded(candidates: tuple[Endpoint, ...], key_hash: int) -> Endpoint | None:
-    """The ready candidate with the least load; ties go to the first at or after `key_hash % n`."""
-    n = len(candidates)
-    if n == 1:
-        only = candidates[0]
-        return only if only.ready else None
-    best: Endpoint | None = None
-    best_load = 0
-    start = key_hash % n if n else 0
-    for step in range(n):
-        e = candidates[(start + step) % n]
-        if e.ready:
-            load = e.in_flight + e.waiting
-            if best is None or load < best_load:
-                best, best_load = e, load
-    return best

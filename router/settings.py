@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, UNPLANNED_MODES
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE, KeyExtraction
+from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
 from cacheroute.router.eventloop import EVENT_LOOPS
 
 DEFAULT_GRPC_PORT = 9002
@@ -99,7 +100,7 @@ class RouterSettings:
     target_port: int | None = None
     keys: KeyOverrides = field(default_factory=KeyOverrides)
     spill_threshold: float | None = None
-    spill_slack: float = 2.0
+    spill_slack: float = DEFAULT_SPILL_SLACK
     fallbacks: int = 0
     unplanned: str = DEFAULT_UNPLANNED
     scrape_interval: float = 0.5

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cacheroute.planner.plan import Destination, KeyExtraction, Plan
+from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
 from cacheroute.router.endpoints import Endpoint, EndpointPool
 
 # Destination lists up to this length are grouped with numpy; longer ones (rare) in Python.
@@ -35,7 +36,7 @@ class RoutingTable:
 
     @classmethod
     def empty(cls) -> RoutingTable:
-        return cls("", "", "", (), {}, (), 1.5, KeyExtraction())
+        return cls("", "", "", (), {}, (), DEFAULT_SPILL_THRESHOLD, KeyExtraction())
 
 
 def build_table(plan: Plan, version: str) -> RoutingTable:

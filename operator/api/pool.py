@@ -16,6 +16,7 @@ from cacheroute.operator.api.common import (
     ObjectMeta,
     enforce,
 )
+from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
 
 QUANTIZATIONS = ("bf16", "fp8")
 
@@ -101,7 +102,7 @@ class RouterSpec(ApiModel):
         default=0, ge=0, le=65536, description="If > 0, hash this many leading prompt characters when no key is given."
     )
     spill_threshold: float = Field(
-        default=1.5,
+        default=DEFAULT_SPILL_THRESHOLD,
         ge=1.0,
         le=100.0,
         description="Spill a planned key when its destination's in-flight exceeds this multiple of the mean.",

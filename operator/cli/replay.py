@@ -22,12 +22,12 @@ from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, PROFILES, get_pr
 from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
 from cacheroute.planner.replay.planned import DEFAULT_CONTROL_PERIOD_S, DEFAULT_WINDOW_S, PlannerSettings
 from cacheroute.planner.replay.registry import POLICIES, make_policy, policy_names
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.trace import RequestTrace
 from cacheroute.planner.tracestats import TraceStats, trace_stats
 from cacheroute.planner.workloads import PRESETS, generate, preset
 
-REPLAY_HELP = f"""Shadow-replay a workload through routing policies on a simulated vLLM fleet.
+REPLAY_HELP = f"""Shadow-replay a workload through routing policies on a modelled vLLM fleet.
 
 Input is a generated workload (--workload: {", ".join(PRESETS)}) or a Mooncake trace (--trace,
 keys derived by --key: first-blocks:K, thread or none). Each policy is replayed at the rates of
@@ -257,7 +257,7 @@ def register(app: typer.Typer) -> None:
                 prof = prof.with_kv_capacity(kv_capacity_tokens)
             planner = PlannerSettings(control_period_s=plan_period, window_s=plan_window)
             rates = parse_qps_list(qps) if qps is not None else None
-            cfg = SimConfig(destinations=destinations, profile=prof, warmup_fraction=warmup, seed=seed)
+            cfg = ReplayConfig(destinations=destinations, profile=prof, warmup_fraction=warmup, seed=seed)
             with console.status("preparing the workload"):
                 tr, stats, info = load_workload(workload, trace, key, seed, duration)
         except (ReplayInputError, TraceFormatError, OutputPathError, ValueError) as exc:
@@ -308,7 +308,7 @@ def register(app: typer.Typer) -> None:
                 for q in rates or [own]:
                     bar.update(runs, description=f"{name} at {q:g} QPS")
                     pol = make_policy(name, planner=planner)
-                    res = simulate(tr.time_scaled(q / own), pol, cfg, progress=tick)
+                    res = replay_trace(tr.time_scaled(q / own), pol, cfg, progress=tick)
                     m = summarize(res)
                     rows.append({"policy": name, "qps": q, "metrics": m})
                     curves[name].append((q, m.ttft_p99_s))

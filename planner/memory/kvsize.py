@@ -126,11 +126,6 @@ class KvLayout:
         return 100.0 * (self.page_bytes - self.mamba_page_bytes) / self.mamba_page_bytes
 
     @property
-    def padding_layers_pct(self) -> float:
-        """vLLM's "may waste at most" figure for padding layers added to short groups."""
-        return 100.0 * self.padding_layers / self.num_layers if self.num_layers else 0.0
-
-    @property
     def state_blocks_per_seq(self) -> int:
         """Blocks a running sequence holds for recurrent state (all mamba groups together)."""
         return self.mamba_groups * _MAMBA_BLOCKS_PER_SEQ[self.mamba_cache_mode]

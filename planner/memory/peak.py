@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cacheroute.planner.memory.architecture import ACTIVATION_BYTES, ModelArchitecture
+from cacheroute.planner.memory.gpus import GIB
 from cacheroute.planner.memory.kvsize import MLA_BLOCK_TOKENS
 
-GIB = 1 << 30
 MIB = 1 << 20
 
 # ----------------------------------------------------------------------------- profiled activation

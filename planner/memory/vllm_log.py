@@ -22,7 +22,6 @@ from typing import Any
 
 from cacheroute.planner.memory.errors import MemoryPlanError
 
-GIB = 1 << 30
 PROFILE_SCHEMA = 1
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

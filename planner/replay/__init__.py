@@ -1,7 +1,7 @@
-"""Shadow replay: a discrete-event simulator of a vLLM fleet behind a routing policy.
+"""Shadow replay: a trace replayed, event by event, through a routing policy onto a modelled vLLM fleet.
 
-    from cacheroute.planner.replay import SimConfig, make_policy, simulate, summarize
-    metrics = summarize(simulate(trace, make_policy("cacheroute"), SimConfig(destinations=30)))
+    from cacheroute.planner.replay import ReplayConfig, make_policy, replay_trace, summarize
+    metrics = summarize(replay_trace(trace, make_policy("cacheroute"), ReplayConfig(destinations=30)))
 
 The operator's guard is `guard(window_trace, candidate_plan, current_plan)`, or
 `guard_from_stats(key_stats, candidate_plan, current_plan)` from Prometheus statistics; capacity searches
@@ -15,7 +15,7 @@ from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
 from cacheroute.planner.replay.planned import CacheRoute, Planned, PlannerSettings
 from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.replay.registry import POLICIES, make_policy, policy_names
-from cacheroute.planner.replay.simulator import SimConfig, SimResult, destination_ids, simulate
+from cacheroute.planner.replay.run import ReplayConfig, ReplayResult, destination_ids, replay_trace
 from cacheroute.planner.replay.window import window_from_stats
 
 __all__ = [
@@ -31,10 +31,10 @@ __all__ = [
     "PlannerSettings",
     "Policy",
     "Probe",
+    "ReplayConfig",
     "ReplayMetrics",
+    "ReplayResult",
     "RouterView",
-    "SimConfig",
-    "SimResult",
     "destination_ids",
     "find_capacity",
     "get_profile",
@@ -43,7 +43,7 @@ __all__ = [
     "make_policy",
     "policy_names",
     "replay_at",
-    "simulate",
+    "replay_trace",
     "summarize",
     "window_from_stats",
 ]

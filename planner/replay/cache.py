@@ -25,7 +25,7 @@ class PrefixCache:
     released prompt's blocks): a release frees its prompt tail first, so eviction walks each
     released prompt backwards, skipping blocks whose state no longer carries that stamp (still
     pinned by another request, reused since, or freed again later). One plain dict and one FIFO
-    entry per release keep this, the simulator's innermost loop, cheap.
+    entry per release keep this, the replay's innermost loop, cheap.
     """
 
     __slots__ = ("_clock", "_cursor", "_fifo", "block_size", "capacity_tokens", "n_free", "pinned_tokens",

@@ -3,7 +3,7 @@
 The trace is replayed time-scaled (`RequestTrace.time_scaled`): the same requests, arriving
 faster or slower. The search brackets the capacity by doubling or halving from a start rate,
 then bisects until the bracket is within `rel_tol`. Replays that cannot pass any more stop early
-(`SimConfig.abort_above_p99_ttft_s`), which makes overloaded probes cheap.
+(`ReplayConfig.abort_above_p99_ttft_s`), which makes overloaded probes cheap.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
 from cacheroute.planner.replay.policy import Policy
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.trace import RequestTrace
 
 DEFAULT_SLO_P99_TTFT_S = 3.5
@@ -58,15 +58,15 @@ def base_qps(trace: RequestTrace) -> float:
     return len(trace) / trace.duration_s
 
 
-def replay_at(trace: RequestTrace, qps: float, policy: Policy, config: SimConfig | None = None) -> ReplayMetrics:
+def replay_at(trace: RequestTrace, qps: float, policy: Policy, config: ReplayConfig | None = None) -> ReplayMetrics:
     """Replay `trace` time-scaled to `qps` requests per second."""
-    return summarize(simulate(trace.time_scaled(qps / base_qps(trace)), policy, config))
+    return summarize(replay_trace(trace.time_scaled(qps / base_qps(trace)), policy, config))
 
 
 def find_capacity(
     trace: RequestTrace,
     make_policy: Callable[[], Policy],
-    config: SimConfig | None = None,
+    config: ReplayConfig | None = None,
     *,
     slo_p99_ttft_s: float = DEFAULT_SLO_P99_TTFT_S,
     start_qps: float | None = None,
@@ -80,7 +80,7 @@ def find_capacity(
         raise ValueError("the p99 TTFT SLO must be positive")
     if not 0 < rel_tol < 1:
         raise ValueError("rel_tol must be in (0, 1)")
-    cfg = replace(config or SimConfig(), abort_above_p99_ttft_s=slo_p99_ttft_s)
+    cfg = replace(config or ReplayConfig(), abort_above_p99_ttft_s=slo_p99_ttft_s)
     probes: list[Probe] = []
     name = make_policy().name
 

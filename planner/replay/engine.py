@@ -29,7 +29,7 @@ DECODE = 2
 
 
 class RequestTable:
-    """Per-request columns shared by the simulator, the engines and the metrics (plain lists:
+    """Per-request columns shared by the replay loop, the engines and the metrics (plain lists:
     element access on lists is several times faster than on numpy arrays in the event loop)."""
 
     __slots__ = (
@@ -97,12 +97,10 @@ class Engine:
         self.tokens = 0
         self.steps = 0
 
-    # -- router-visible metrics -------------------------------------------------------------
-
-    def queue_depth(self) -> int:
-        return len(self.waiting)
+    # -- scraped metrics ---------------------------------------------------------------------
 
     def kv_usage(self) -> float:
+        """`vllm:kv_cache_usage_perc` / 100: the share of KV blocks running sequences hold."""
         return self.cache.usage()
 
     # -- events -----------------------------------------------------------------------------
@@ -265,37 +263,33 @@ class Engine:
                 budget -= c
                 chunks.append((r, c))
             self.n_running = n_running
-        if prefill:
-            gemm = self.c_compute * (prefill + n_dec)
-            dt = (
-                self.c_overhead
-                + (gemm if gemm > self.c_weight else self.c_weight)
-                + self.c_attn * pairs
-                + self.c_kv * (self.kv_base + n_dec * (self.step_no + 1))
-            )
-            self.mode = PREFILL
-            self.t_end = now + dt
-            self.busy_s += dt
-            self.tokens += prefill + n_dec
-            self.steps += 1
-            self.version += 1
-        elif n_dec:
-            m = self.dec_heap[0][0] - self.step_no
-            gemm = self.c_compute * n_dec
-            d = self.c_kv
-            alpha = (
-                self.c_overhead
-                + (gemm if gemm > self.c_weight else self.c_weight)
-                + d * (self.kv_base + n_dec * (self.step_no + 1))
-            )
-            beta = d * n_dec
-            self.mode = DECODE
-            self.m_start = now
-            self.m_alpha = alpha
-            self.m_beta = beta
-            self.m_steps = m
-            self.t_end = now + alpha * m + 0.5 * beta * m * (m - 1)
-            self.version += 1
-        else:
+        if not (prefill or n_dec):
             self.mode = IDLE
             self.version += 1
+            return
+        # The step-time model of hardware.py: overhead, the weight stream or the GEMMs, prefill
+        # attention, decode KV read (`pairs` is 0 in a decode-only step).
+        gemm = self.c_compute * (prefill + n_dec)
+        step = (
+            self.c_overhead
+            + (gemm if gemm > self.c_weight else self.c_weight)
+            + self.c_attn * pairs
+            + self.c_kv * (self.kv_base + n_dec * (self.step_no + 1))
+        )
+        if prefill:
+            self.mode = PREFILL
+            self.t_end = now + step
+            self.busy_s += step
+            self.tokens += prefill + n_dec
+            self.steps += 1
+        else:
+            # A decode stretch of m steps: each reads one more token of KV per sequence.
+            m = self.dec_heap[0][0] - self.step_no
+            beta = self.c_kv * n_dec
+            self.mode = DECODE
+            self.m_start = now
+            self.m_alpha = step
+            self.m_beta = beta
+            self.m_steps = m
+            self.t_end = now + step * m + 0.5 * beta * m * (m - 1)
+        self.version += 1

@@ -7,6 +7,9 @@ or, from the per-key statistics the operator reads from Prometheus:
 
     verdict = guard_from_stats(key_stats, candidate_plan, current_plan, duration_s=300)
 
+and, inside a replay, `CacheRoute(guard=ReplayGuard())` judges every candidate plan on the
+traffic of the last `window_s` before routing by it.
+
 The candidate passes when its predicted p99 TTFT meets the SLO (or at least does not miss it by
 more than p2c does), is not worse than p2c's by more than the tolerance, and its served KV hit is
 at least p2c's plus `min_kv_hit_gain`. Caches start cold: the first `warmup_fraction` of the
@@ -23,7 +26,7 @@ from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
 from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
 from cacheroute.planner.replay.planned import Planned
 from cacheroute.planner.replay.policies import PowerOfTwo
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.replay.window import window_from_stats
 from cacheroute.planner.trace import RequestTrace
 
@@ -89,11 +92,11 @@ def guard(
     ids = tuple(d.id for d in candidate.destinations)
     if not ids:
         raise ValueError("candidate plan has no destinations")
-    cfg = SimConfig(destinations=len(ids), profile=profile, warmup_fraction=s.warmup_fraction,
+    cfg = ReplayConfig(destinations=len(ids), profile=profile, warmup_fraction=s.warmup_fraction,
                     seed=seed, destination_ids=ids)
-    cand = summarize(simulate(window, Planned(candidate), cfg))
-    p2c = summarize(simulate(window, PowerOfTwo(), cfg))
-    cur = summarize(simulate(window, Planned(current), cfg)) if current is not None else None
+    cand = summarize(replay_trace(window, Planned(candidate), cfg))
+    p2c = summarize(replay_trace(window, PowerOfTwo(), cfg))
+    cur = summarize(replay_trace(window, Planned(current), cfg)) if current is not None else None
     limit = p2c.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
     reasons = []
     if cand.ttft_p99_s > s.slo_p99_ttft_s and cand.ttft_p99_s > p2c.ttft_p99_s:
@@ -126,3 +129,21 @@ def guard_from_stats(
     (`window.window_from_stats`): what the operator can run from Prometheus data alone."""
     window = window_from_stats(stats, duration_s=duration_s, seed=seed)
     return guard(window, candidate, current, profile=profile, settings=settings, seed=seed)
+
+
+@dataclass(frozen=True)
+class ReplayGuard:
+    """The guard as a replayed CacheRoute runs it at every re-plan (a `planned.PlanGuard`).
+
+    The candidate is replayed against p2c on the last `settings.window_s` of traffic before `now`;
+    the incumbent is not (cost). With almost no recent traffic there is nothing to judge: the
+    candidate stands.
+    """
+
+    settings: GuardSettings = GuardSettings()
+
+    def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int) -> bool:
+        recent = trace.window(max(now - self.settings.window_s, float(trace.arrival_s[0])), now)
+        if len(recent) < 2:
+            return True
+        return guard(recent, candidate, None, profile=profile, settings=self.settings, seed=seed).passed

@@ -29,7 +29,7 @@ The constants are calibrated approximations, not measurements of ours. For the d
     GPUs) + 12.5 M pairs x 2.6 ns (attention at ~50 % of bf16 peak).
   * With these constants a decode-only step of 25 sequences at ~5.3k context costs ~27 ms; the
     NIM figure of 38.75 ms at concurrency 25 also includes prefill chunks interleaved with the
-    decodes, which the simulator models explicitly.
+    decodes, which the replay models explicitly.
 
 KV capacity follows vLLM's budget (`reference/vllm_memory.md` §1): per GPU,
 `total * gpu_memory_utilization - weights - activation/graph/runtime overheads`, divided by the
@@ -102,17 +102,6 @@ class EngineProfile:
             raise ValueError(f"profile {self.name}: kv_capacity_tokens must be positive")
         if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
             raise ValueError(f"profile {self.name}: batch limits must be positive")
-
-    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_read_tokens: int,
-                  attention_pairs: float) -> float:
-        """Seconds for one engine step (see the module docstring for the model)."""
-        gemm = self.compute_s_per_token * (prefill_tokens + decode_seqs)
-        return (
-            self.step_overhead_s
-            + (gemm if gemm > self.weight_read_s else self.weight_read_s)
-            + self.attention_s_per_pair * attention_pairs
-            + self.kv_read_s_per_token * kv_read_tokens
-        )
 
     def prefill_time(self, tokens: int, context: int = 0) -> float:
         """Seconds of compute to prefill `tokens` new tokens after `context` cached ones."""

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cacheroute.planner.replay.simulator import SimResult
+from cacheroute.planner.replay.run import ReplayResult
 
 
 def _pct(x: npt.NDArray[np.float64], q: float) -> float:
@@ -54,7 +54,7 @@ class ReplayMetrics:
         return asdict(self)
 
 
-def summarize(result: SimResult) -> ReplayMetrics:
+def summarize(result: ReplayResult) -> ReplayMetrics:
     m = result.measured
     n = len(result.arrival_s)
     duration = float(result.arrival_s[-1] - result.arrival_s[0]) if n > 1 else 0.0

@@ -1,15 +1,10 @@
 """Routing by a plan (`planned`) and CacheRoute itself: a plan recomputed every control period.
 
-The routing rule is the router's (router/picker.py): a planned key goes to the least-loaded of
-its destinations (ties: the first at or after `key_hash % len`); when that destination's load
-exceeds `spill_threshold x mean load + spill_slack` the request spills to power-of-two choices
-among the other destinations. Unplanned keys go to key-seeded p2c by default (`unplanned`): the
-two candidates come from the key's hash on a consistent-hash ring of the destinations
-(`keyring.KeyRing`) instead of being drawn at random, so the follow-up turns of a conversation
-whose key is not (yet) planned find their history on one of two destinations, while the tail of
-small keys still balances like p2c; `unplanned="p2c"` draws them at random, as
-the report does. Keyless requests always go p2c. Load is the router's in-flight count plus the
-queue depth the destination reports.
+Both route by the router's rule (`cacheroute.planner.routing`, the same code the router runs):
+planned keys to the least loaded of their destinations with bounded-affinity spill, unplanned keys
+by key-seeded p2c (`unplanned="key-p2c"`, the default) or random p2c (`unplanned="p2c"`, as the
+report does), keyless requests by p2c. Load is the router's in-flight count plus the queue depth
+the destination reports (`EngineLoads`).
 
 `cacheroute` re-plans every `control_period_s` (60 s) from the statistics of the requests that
 arrived in the previous `window_s` (30 min) only (`keystats.key_stats_from_trace` over the past, never the
@@ -21,7 +16,7 @@ against p2c on the past window and, when it predicts no gain, the period runs on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -32,15 +27,43 @@ from cacheroute.planner.keystats import key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan
 from cacheroute.planner.planning import compute_plan
+from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.replay.policy import Policy, RouterView
+from cacheroute.planner.routing import (
+    DEFAULT_SPILL_SLACK,
+    DEFAULT_SPILL_THRESHOLD,
+    PLANNED,
+    SPILLED,
+    RoutingRule,
+    check_spill,
+    ring_candidates,
+)
 from cacheroute.planner.settings import Budget, Stability
-from cacheroute.planner.trace import NO_KEY
+from cacheroute.planner.trace import NO_KEY, RequestTrace
 
 DEFAULT_CONTROL_PERIOD_S = 60.0
 # Statistics window of each re-plan: the operator's default metrics window (AffinityPlan
 # spec.metricsWindow, 30 min), so keys of a few requests per window are seen more than once.
 DEFAULT_WINDOW_S = 1800.0
-DEFAULT_SPILL_SLACK = 2.0
+
+
+class EngineLoads:
+    """The rule's view of load in the replay: the router's in-flight count plus the queue depth
+    the destination reports; the mean over every destination (all are ready in the replay)."""
+
+    __slots__ = ("_engines", "_inflight", "_view")
+
+    def __init__(self, view: RouterView) -> None:
+        self._view = view
+        self._inflight = view.inflight
+        self._engines = view.engines
+
+    def load(self, d: int, /) -> float:
+        return self._inflight[d] + len(self._engines[d].waiting)
+
+    def mean(self) -> float:
+        view = self._view
+        return (view.total_inflight + sum(len(e.waiting) for e in self._engines)) / view.n
 
 
 class Planned(Policy):
@@ -50,8 +73,7 @@ class Planned(Policy):
 
     def __init__(self, plan: Plan | None = None, spill_slack: float = DEFAULT_SPILL_SLACK,
                  unplanned: str = DEFAULT_UNPLANNED) -> None:
-        if spill_slack < 0:
-            raise ValueError("spill slack must not be negative")
+        check_spill(plan.spill_threshold if plan is not None else DEFAULT_SPILL_THRESHOLD, spill_slack)
         self.fixed_plan = plan
         self.spill_slack = spill_slack
         self.unplanned = check_unplanned_mode(unplanned)
@@ -65,19 +87,28 @@ class Planned(Policy):
         self._hashes = view.key_hashes()
         self._hash_list: list[int] = [int(h) for h in self._hashes]
         self._routes: dict[int, tuple[int, ...]] = {}
-        self._spill_threshold = 1.5
+        # Every destination is ready in the replay; the rule names them by index.
+        self._usable = range(view.n)
+        self._loads = EngineLoads(view)
+        self._key_candidates = ring_candidates(KeyRing(view.destination_ids), self._usable, memo=True)
         self.planned_requests = 0
         self.spilled_requests = 0
-        self._key_seeded = self.unplanned == "key-p2c"
-        self._ring = KeyRing(view.destination_ids)
-        self._pairs: dict[int, tuple[int, int]] = {}
         self.install(self.fixed_plan)
 
-    def install(self, plan: Plan | None, keys: npt.NDArray[np.int64] | None = None) -> None:
+    def install(self, plan: Plan | None, keys: npt.NDArray[np.int64] | None = None, *,
+                key_seeded: bool | None = None) -> None:
         """Route by `plan` from now on (None: everything p2c). `keys` limits the key ids looked
-        up to those that can be in the plan (the keys of the window it was built from)."""
-        self.active_plan = plan
+        up to those that can be in the plan (the keys of the window it was built from);
+        `key_seeded` overrides the policy's way of routing unplanned keys."""
         self._routes = {}
+        seeded = self.unplanned == "key-p2c" if key_seeded is None else key_seeded
+        self._rule = RoutingRule(
+            self._loads,
+            self.rng.random,
+            spill_threshold=plan.spill_threshold if plan is not None else DEFAULT_SPILL_THRESHOLD,
+            spill_slack=self.spill_slack,
+            key_candidates=self._key_candidates if seeded else None,
+        )
         if plan is None or not len(plan):
             return
         view = self.view
@@ -100,80 +131,18 @@ class Planned(Policy):
         routes = self._routes
         for k, p in zip(cand[hit].tolist(), pos[hit].tolist(), strict=True):
             routes[k] = tuple(dests[offs[p] : offs[p + 1]].tolist())
-        self._spill_threshold = plan.spill_threshold
-
-    def _p2c(self, exclude: int) -> int:
-        """Power of two choices on in-flight + queue depth, optionally avoiding one destination."""
-        view = self.view
-        n = view.n
-        if n == 1:
-            return 0
-        rnd = self.rng.random
-        if exclude >= 0:
-            if n == 2:
-                return 1 - exclude
-            # Two distinct draws among the n - 1 others, mapped around the excluded index.
-            a = int(rnd() * (n - 1))
-            b = int(rnd() * (n - 2))
-            if b >= a:
-                b += 1
-            if a >= exclude:
-                a += 1
-            if b >= exclude:
-                b += 1
-        else:
-            a = int(rnd() * n)
-            b = int(rnd() * (n - 1))
-            if b >= a:
-                b += 1
-        engines = view.engines
-        inflight = view.inflight
-        la = inflight[a] + len(engines[a].waiting)
-        lb = inflight[b] + len(engines[b].waiting)
-        return b if lb < la else a
-
-    def _key_p2c(self, k: int) -> int:
-        """The less loaded of the key's two ring candidates (the router's rule); the first on a tie."""
-        view = self.view
-        pair = self._pairs.get(k)
-        if pair is None:
-            pair = self._pairs[k] = self._ring.pair(self._hash_list[k])
-        a, b = pair
-        engines = view.engines
-        inflight = view.inflight
-        la = inflight[a] + len(engines[a].waiting)
-        lb = inflight[b] + len(engines[b].waiting)
-        return b if lb < la else a
 
     def route(self, i: int, now: float) -> int:
-        view = self.view
-        k = view.key[i]
+        k = self.view.key[i]
         if k == NO_KEY:
-            return self._p2c(-1)
-        group = self._routes.get(k)
-        if group is None:
-            return self._key_p2c(k) if self._key_seeded else self._p2c(-1)
-        engines = view.engines
-        inflight = view.inflight
-        if len(group) == 1:
-            best = group[0]
-            best_load = inflight[best] + len(engines[best].waiting)
+            outcome, d = self._rule.choose(None, None, self._usable)
         else:
-            m = len(group)
-            start = self._hash_list[k] % m
-            best = -1
-            best_load = 0
-            for step in range(m):
-                d = group[(start + step) % m]
-                load = inflight[d] + len(engines[d].waiting)
-                if best < 0 or load < best_load:
-                    best, best_load = d, load
-        mean = (view.total_inflight + sum(len(e.waiting) for e in engines)) / view.n
-        if best_load > self._spill_threshold * mean + self.spill_slack and view.n > 1:
+            outcome, d = self._rule.choose(self._hash_list[k], self._routes.get(k), self._usable)
+        if outcome == PLANNED:
+            self.planned_requests += 1
+        elif outcome == SPILLED:
             self.spilled_requests += 1
-            return self._p2c(best)
-        self.planned_requests += 1
-        return best
+        return d
 
 
 @dataclass(frozen=True)
@@ -185,7 +154,7 @@ class PlannerSettings:
     budget: Budget = field(default_factory=Budget)
     stability: Stability = field(default_factory=Stability)
     cost: CostModel = field(default_factory=CostModel)
-    spill_threshold: float = 1.5
+    spill_threshold: float = DEFAULT_SPILL_THRESHOLD
     unplanned: str = DEFAULT_UNPLANNED  # how the router sends keys outside the plan
 
     def __post_init__(self) -> None:
@@ -193,18 +162,25 @@ class PlannerSettings:
             raise ValueError("control period must be positive")
         if not self.window_s > 0:
             raise ValueError("statistics window must be positive")
+        check_spill(self.spill_threshold, DEFAULT_SPILL_SLACK)
         check_unplanned_mode(self.unplanned)
+
+
+class PlanGuard(Protocol):
+    """A check of every candidate plan before CacheRoute routes by it (`guard.ReplayGuard`):
+    whether the candidate may run, judged on `trace` up to `now` on destinations of `profile`."""
+
+    def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int) -> bool: ...
 
 
 class CacheRoute(Planned):
     name: ClassVar[str] = "cacheroute"
 
     def __init__(self, settings: PlannerSettings | None = None, spill_slack: float = DEFAULT_SPILL_SLACK,
-                 guard: object | None = None) -> None:
+                 guard: PlanGuard | None = None) -> None:
         self.settings = settings or PlannerSettings()
         super().__init__(None, spill_slack, self.settings.unplanned)
-        # A `guard.GuardSettings`; typed loosely to keep the import one-way (guard imports us).
-        self.guard_settings = guard
+        self.guard = guard
         self.replans = 0
         self.guard_rejections = 0
 
@@ -218,7 +194,7 @@ class CacheRoute(Planned):
             "spill_slack": self.spill_slack,
             "unplanned": self.unplanned,
             "warm_budget": s.budget.warm_tokens_per_destination,
-            "guard": self.guard_settings is not None,
+            "guard": self.guard is not None,
         }
 
     def bind(self, view: RouterView, seed: int) -> None:
@@ -227,7 +203,7 @@ class CacheRoute(Planned):
         start = float(trace.arrival_s[0]) if len(trace) else 0.0
         self._next_plan = start + self.settings.control_period_s
         self._previous: Plan | None = None
-        self._destinations = tuple(
+        self._plan_destinations = tuple(
             Destination(id=d, kv_capacity_tokens=view.profile.kv_capacity_tokens) for d in view.destination_ids
         )
         self.replans = 0
@@ -253,7 +229,7 @@ class CacheRoute(Planned):
             stats = key_stats_from_trace(trace, lo, now)
             result = compute_plan(
                 stats,
-                self._destinations,
+                self._plan_destinations,
                 pool="replay",
                 budget=s.budget,
                 stability=s.stability,
@@ -267,25 +243,9 @@ class CacheRoute(Planned):
         candidate = result.plan
         self.replans += 1
         self._previous = candidate
-        keys = np.unique(win.key[win.key != NO_KEY])
-        if self.guard_settings is not None:
-            from cacheroute.planner.replay.guard import GuardSettings, guard
-
-            assert isinstance(self.guard_settings, GuardSettings)
-            recent = trace.window(max(now - self.guard_settings.window_s, float(trace.arrival_s[0])), now)
-            # Candidate against p2c on the recent past; the incumbent is not replayed (cost). With
-            # almost no recent traffic there is nothing to judge: the candidate stands.
-            verdict = (
-                guard(recent, candidate, None, profile=self.view.profile, settings=self.guard_settings,
-                      seed=self.replans)
-                if len(recent) >= 2
-                else None
-            )
-            if verdict is not None and not verdict.passed:
-                # The guard compared the plan against plain p2c: that is what runs this period.
-                self.guard_rejections += 1
-                self.install(None)
-                self._key_seeded = False
-                return
-        self._key_seeded = self.unplanned == "key-p2c"
-        self.install(candidate, keys)
+        if self.guard is not None and not self.guard(trace, now, candidate, self.view.profile, self.replans):
+            # The guard compared the plan against plain p2c: that is what runs this period.
+            self.guard_rejections += 1
+            self.install(None, key_seeded=False)
+            return
+        self.install(candidate, np.unique(win.key[win.key != NO_KEY]))

@@ -61,10 +61,6 @@ class RouterView:
         """Scraped `vllm:num_requests_waiting` of every destination."""
         return [len(e.waiting) for e in self.engines]
 
-    def kv_usages(self) -> list[float]:
-        """Scraped `vllm:kv_cache_usage_perc` / 100 of every destination."""
-        return [e.cache.pinned_tokens / e.cache.capacity_tokens for e in self.engines]
-
     def key_hashes(self) -> npt.NDArray[np.uint64]:
         """64-bit hash of every key name (what the router computes from the key it extracts)."""
         if self._key_hashes is None:
@@ -76,10 +72,10 @@ class RouterView:
 
 
 class Policy(ABC):
-    """A routing policy. `bind` is called once per simulation before the first `route`."""
+    """A routing policy. `bind` is called once per replay before the first `route`."""
 
     name: ClassVar[str] = "policy"
-    # Whether the simulator must call `on_finish` (kept off for policies that ignore it: speed).
+    # Whether the replay loop must call `on_finish` (kept off for policies that ignore it: speed).
     wants_finish: ClassVar[bool] = False
 
     view: RouterView

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from cacheroute.planner.replay.guard import GuardSettings
+from cacheroute.planner.replay.guard import GuardSettings, ReplayGuard
 from cacheroute.planner.replay.planned import CacheRoute, PlannerSettings
 from cacheroute.planner.replay.policies import (
     BoundedConsistentHash,
@@ -37,7 +37,7 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
         "cacheroute with unplanned keys on random p2c, as the report routes them",
     ),
     "cacheroute-guard": (
-        lambda: CacheRoute(guard=GuardSettings()),
+        lambda: CacheRoute(guard=ReplayGuard()),
         "cacheroute, falling back to p2c for a period when the guard predicts no gain",
     ),
 }
@@ -82,7 +82,8 @@ def make_policy(name: str, planner: PlannerSettings | None = None, guard: GuardS
         settings = planner or PlannerSettings()
         if unplanned is not None:
             settings = replace(settings, unplanned=unplanned)
-        return CacheRoute(settings=settings, guard=guard or (GuardSettings() if guarded else None))
+        guard_settings = guard or (GuardSettings() if guarded else None)
+        return CacheRoute(settings=settings, guard=ReplayGuard(guard_settings) if guard_settings is not None else None)
     try:
         factory = POLICIES[name][0]
     except KeyError:

@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 
 from cacheroute.planner.replay.policies import RoundRobin
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 from cacheroute.sandbox.emulator.args import parse_vllm_args
 from cacheroute.sandbox.emulator.tokens import block_ids, words
@@ -137,7 +137,7 @@ def predicted(schedule: Schedule, results: list[RequestResult], block_size: int)
         key_names=(),
     )
     profile = parse_vllm_args(ARGS).profile
-    sim = simulate(trace, RoundRobin(), SimConfig(destinations=1, profile=profile, warmup_fraction=0.0))
+    sim = replay_trace(trace, RoundRobin(), ReplayConfig(destinations=1, profile=profile, warmup_fraction=0.0))
     return sim.ttft_s.tolist(), sim.e2e_s.tolist()
 
 

@@ -301,8 +301,10 @@ def main() -> None:
     large = timed(lambda: compute_plan(big, dests256, pool="llama"), runs=5)
     payload = encode_plan(big_result.plan)
     enc = timed(lambda: encode_plan(big_result.plan), runs=3)
+    # As a module from the repository root, like `make bench`, so that `tests.support` imports.
     probe = subprocess.run(
-        [sys.executable, __file__, "--probe", "1000000", "256"], check=True, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "tests.bench.bench_planner", "--probe", "1000000", "256"],
+        check=True, capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     memory = json.loads(probe.stdout.strip().splitlines()[-1])
     out["large"] = {

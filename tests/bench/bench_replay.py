@@ -1,4 +1,4 @@
-"""Shadow-replay benchmarks: capacity of every routing policy, KV hit, and simulator speed.
+"""Shadow-replay benchmarks: capacity of every routing policy, KV hit, and replay speed.
 
 Run: `.venv/bin/python tests/bench/bench_replay.py [--quick]` (writes bench-results/replay.json).
 
@@ -40,7 +40,7 @@ from typing import Any
 from cacheroute.planner.mooncake import read_mooncake
 from cacheroute.planner.replay.capacity import CapacityResult, base_qps, find_capacity, replay_at
 from cacheroute.planner.replay.registry import BASELINES, CACHE_AWARE, make_policy
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.trace import RequestTrace
 from cacheroute.planner.workloads import generate, preset
 
@@ -68,7 +68,7 @@ _SHARED: dict[str, Any] = {}
 def _capacity_job(policy: str) -> tuple[CapacityResult, float]:
     trace, destinations, slo = _SHARED["trace"], _SHARED["destinations"], _SHARED["slo"]
     t0 = time.perf_counter()
-    res = find_capacity(trace, lambda: make_policy(policy), SimConfig(destinations=destinations), slo_p99_ttft_s=slo)
+    res = find_capacity(trace, lambda: make_policy(policy), ReplayConfig(destinations=destinations), slo_p99_ttft_s=slo)
     return res, time.perf_counter() - t0
 
 
@@ -161,7 +161,7 @@ def bench_traces() -> dict[str, Any]:
         # Their longest prompts take longer than 3.5 s to prefill on an idle 70B TP=2 replica
         # (p99 prompt 66k-85k tokens), so a 3.5 s p99 is out of reach for any router: the SLO of a
         # trace is twice the p99 TTFT of an almost idle fleet (2 % of the trace's own rate).
-        idle = replay_at(tr, 0.02 * base_qps(tr), make_policy("p2c"), SimConfig(destinations=TRACE_DESTINATIONS))
+        idle = replay_at(tr, 0.02 * base_qps(tr), make_policy("p2c"), ReplayConfig(destinations=TRACE_DESTINATIONS))
         slo = 2.0 * idle.ttft_p99_s
         log(f" {path.name}: {len(tr):,} requests; idle p99 TTFT {idle.ttft_p99_s:.2f}s -> SLO {slo:.2f}s")
         results = capacities(tr, (*BASELINES, "cacheroute", ABLATION), TRACE_DESTINATIONS, slo)
@@ -215,7 +215,7 @@ def bench_speed() -> dict[str, Any]:
         refs.append(reference_loop_ns())
         t0 = time.process_time()
         w0 = time.perf_counter()
-        simulate(scaled, make_policy("p2c"), SimConfig(destinations=PAPER_DESTINATIONS))
+        replay_trace(scaled, make_policy("p2c"), ReplayConfig(destinations=PAPER_DESTINATIONS))
         runs.append({"cpu_s": time.process_time() - t0, "wall_s": time.perf_counter() - w0})
         log(f"    run: {runs[-1]['cpu_s']:.1f}s CPU, {runs[-1]['wall_s']:.1f}s wall")
     med = statistics.median(r["cpu_s"] for r in runs)

@@ -335,9 +335,10 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def start_constant_server(workdir: Path, loop: str) -> tuple[ServerProcess, str]:
     port_file = workdir / f"constant-{loop}.port"
+    # As a module from the repository root, like `make bench`, so that `tests.support` imports.
     constant = spawn(f"constant-ext-proc-{loop}",
-                     [sys.executable, __file__, "--constant-server", str(port_file), loop],
-                     log=workdir / f"constant-{loop}.log", detach=False)
+                     [sys.executable, "-m", "tests.bench.bench_router", "--constant-server", str(port_file), loop],
+                     log=workdir / f"constant-{loop}.log", detach=False, cwd=Path(__file__).resolve().parents[2])
     wait_until(port_file.exists, timeout=30, what="the constant ext_proc server", process=constant)
     return constant, f"127.0.0.1:{port_file.read_text()}"
 

@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cacheroute.planner.plan import Destination, KeyExtraction, Plan, affinity_key_hash, plan_from_routes
 from cacheroute.planner.plan_format import encode_plan
+from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
 from cacheroute.sandbox.process import ServerProcess, free_port, spawn, wait_until
 
 # --- engines ---------------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ def make_plan(
     engines: Sequence[Engine],
     routes: Mapping[str, Sequence[int]],
     *,
-    spill_threshold: float = 1.5,
+    spill_threshold: float = DEFAULT_SPILL_THRESHOLD,
     key_extraction: KeyExtraction | None = None,
 ) -> Plan:
     """A plan routing clear keys to engines (by index)."""

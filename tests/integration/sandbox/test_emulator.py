@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cacheroute.planner.replay.policies import RoundRobin
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 from cacheroute.sandbox.emulator.args import parse_vllm_args
 from tests.support.emulator import LLAMA_70B, emulator_process
@@ -139,7 +139,8 @@ def replay_of(config_args: list[str], requests: list[tuple[float, int, int]]) ->
         block_size=bs,
         key_names=(),
     )
-    result = simulate(trace, RoundRobin(), SimConfig(destinations=1, profile=config.profile, warmup_fraction=0.0))
+    replay_config = ReplayConfig(destinations=1, profile=config.profile, warmup_fraction=0.0)
+    result = replay_trace(trace, RoundRobin(), replay_config)
     return result.ttft_s, result.e2e_s
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.replay.policies import RoundRobin
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 from cacheroute.sandbox.emulator.engine import RealtimeEngine
 
@@ -56,8 +56,8 @@ async def run_engine(requests: list[tuple[list[int], int, int]]) -> tuple[list[t
 
 
 def replay(requests: list[tuple[list[int], int, int]], arrivals: list[float]) -> list[tuple[float, float, int]]:
-    config = SimConfig(destinations=1, profile=PROFILE, warmup_fraction=0)
-    result = simulate(trace_of(requests, arrivals), RoundRobin(), config)
+    config = ReplayConfig(destinations=1, profile=PROFILE, warmup_fraction=0)
+    result = replay_trace(trace_of(requests, arrivals), RoundRobin(), config)
     return list(zip(result.ttft_s.tolist(), result.e2e_s.tolist(), result.hit_tokens.tolist(), strict=True))
 
 

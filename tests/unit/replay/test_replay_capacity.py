@@ -9,7 +9,7 @@ from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_ro
 from cacheroute.planner.replay.capacity import find_capacity, replay_at
 from cacheroute.planner.replay.guard import GuardSettings, guard
 from cacheroute.planner.replay.policies import PowerOfTwo
-from cacheroute.planner.replay.simulator import SimConfig, destination_ids
+from cacheroute.planner.replay.run import ReplayConfig, destination_ids
 from cacheroute.planner.workloads import WorkloadSpec, generate
 
 
@@ -22,7 +22,7 @@ def workload():
 
 
 def test_capacity_is_the_edge_between_passing_and_failing_rates(workload) -> None:
-    cfg = SimConfig(destinations=2)
+    cfg = ReplayConfig(destinations=2)
     res = find_capacity(workload, PowerOfTwo, cfg, slo_p99_ttft_s=2.0, rel_tol=0.05)
     assert res.qps > 0
     passed = [p.qps for p in res.probes if p.passed]
@@ -37,8 +37,8 @@ def test_capacity_is_the_edge_between_passing_and_failing_rates(workload) -> Non
 
 
 def test_capacity_grows_with_destinations(workload) -> None:
-    two = find_capacity(workload, PowerOfTwo, SimConfig(destinations=2), slo_p99_ttft_s=2.0, rel_tol=0.05)
-    four = find_capacity(workload, PowerOfTwo, SimConfig(destinations=4), slo_p99_ttft_s=2.0, rel_tol=0.05)
+    two = find_capacity(workload, PowerOfTwo, ReplayConfig(destinations=2), slo_p99_ttft_s=2.0, rel_tol=0.05)
+    four = find_capacity(workload, PowerOfTwo, ReplayConfig(destinations=4), slo_p99_ttft_s=2.0, rel_tol=0.05)
     assert two.qps > 0
     assert four.qps > 1.5 * two.qps
 

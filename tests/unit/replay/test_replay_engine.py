@@ -1,4 +1,4 @@
-"""The simulator on cases small enough to compute by hand, plus conservation and determinism."""
+"""The replay on cases small enough to compute by hand, plus conservation and determinism."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 
 from cacheroute.planner.replay.metrics import summarize
 from cacheroute.planner.replay.policies import PowerOfTwo, RandomChoice, RoundRobin
-from cacheroute.planner.replay.simulator import SimConfig, simulate
+from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.workloads import WorkloadSpec, generate
 
 
-def _one_destination(profile) -> SimConfig:
-    return SimConfig(destinations=1, profile=profile, warmup_fraction=0.0)
+def _one_destination(profile) -> ReplayConfig:
+    return ReplayConfig(destinations=1, profile=profile, warmup_fraction=0.0)
 
 
 def test_ttft_and_kv_hit_by_hand(make_trace, make_profile) -> None:
@@ -24,7 +24,7 @@ def test_ttft_and_kv_hit_by_hand(make_trace, make_profile) -> None:
         (0.1, "a", 10, 1, [1, 2, 3]),  # blocks 1, 2 hit: 2 tokens left to prefill
         (1.0, "b", 20, 2, [10, 11, 12, 13, 14]),  # 20 tokens: chunks of 8, 8, 4
     ])
-    r = simulate(trace, RoundRobin(), _one_destination(make_profile()))
+    r = replay_trace(trace, RoundRobin(), _one_destination(make_profile()))
     assert r.first_token_s.tolist() == pytest.approx([0.01, 0.11, 1.03])
     assert r.finish_s.tolist() == pytest.approx([0.03, 0.11, 1.04])
     assert r.hit_tokens.tolist() == [0, 8, 0]
@@ -35,7 +35,7 @@ def test_ttft_and_kv_hit_by_hand(make_trace, make_profile) -> None:
 
 def test_a_fully_cached_prompt_still_computes_its_last_token(make_trace, make_profile) -> None:
     trace = make_trace([(0.0, "a", 8, 1, [1, 2]), (1.0, "a", 8, 1, [1, 2])])
-    r = simulate(trace, RoundRobin(), _one_destination(make_profile()))
+    r = replay_trace(trace, RoundRobin(), _one_destination(make_profile()))
     assert r.hit_tokens.tolist() == [0, 7]
 
 
@@ -43,7 +43,7 @@ def test_decode_stretch_follows_the_kv_read_model(make_trace, make_profile) -> N
     # A step costs 10 ms + 1 ms per 10 tokens of KV read by decoding sequences.
     prof = make_profile(kv_read_s_per_token=1e-4, batch_tokens=128)
     trace = make_trace([(0.0, "a", 100, 5, list(range(25)))])
-    r = simulate(trace, RoundRobin(), _one_destination(prof))
+    r = replay_trace(trace, RoundRobin(), _one_destination(prof))
     # Prefill step (no decoder): 10 ms. Then 4 decode steps reading 101, 102, 103, 104 tokens.
     expected = 0.01 + sum(0.01 + 1e-4 * k for k in (101, 102, 103, 104))
     assert r.first_token_s[0] == pytest.approx(0.01)
@@ -56,7 +56,7 @@ def test_an_arrival_joins_at_the_next_step_boundary(make_trace, make_profile) ->
         (0.0, "a", 100, 50, list(range(25))),
         (0.105, "b", 4, 1, [900]),
     ])
-    r = simulate(trace, RoundRobin(), _one_destination(prof))
+    r = replay_trace(trace, RoundRobin(), _one_destination(prof))
     # Decode steps of request a end at 0.01 + sum_{j=1..k} (0.01 + 1e-4 * (100 + j)).
     ends = 0.01 + np.cumsum([0.01 + 1e-4 * (100 + j) for j in range(1, 50)])
     boundary = float(ends[np.searchsorted(ends, 0.105)])
@@ -73,7 +73,7 @@ def test_waiting_requests_queue_until_kv_frees(make_trace, make_profile) -> None
         (0.0, "a", 12, 4, [1, 2, 3]),  # 12 + 4 = 16 tokens pinned
         (0.0, "b", 8, 2, [5, 6]),  # needs 10, only 4 left: waits for a
     ])
-    r = simulate(trace, RoundRobin(), _one_destination(prof))
+    r = replay_trace(trace, RoundRobin(), _one_destination(prof))
     assert r.start_s[1] == pytest.approx(r.finish_s[0])
     assert r.queue_s[1] == pytest.approx(0.04)
 
@@ -81,7 +81,7 @@ def test_waiting_requests_queue_until_kv_frees(make_trace, make_profile) -> None
 def test_oversized_requests_are_rejected_with_a_clear_error(make_trace, make_profile) -> None:
     trace = make_trace([(0.0, "a", 40, 1, list(range(10)))])
     with pytest.raises(ValueError, match="needs 41 tokens of KV"):
-        simulate(trace, RoundRobin(), _one_destination(make_profile(kv_capacity_tokens=32)))
+        replay_trace(trace, RoundRobin(), _one_destination(make_profile(kv_capacity_tokens=32)))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def small_workload():
 def test_every_request_finishes_exactly_once(small_workload) -> None:
     from cacheroute.planner.replay.hardware import DEFAULT_PROFILE
 
-    r = simulate(small_workload, PowerOfTwo(), SimConfig(destinations=3, profile=DEFAULT_PROFILE))
+    r = replay_trace(small_workload, PowerOfTwo(), ReplayConfig(destinations=3, profile=DEFAULT_PROFILE))
     n = len(small_workload)
     assert not r.aborted
     assert np.isfinite(r.finish_s).all() and np.isfinite(r.first_token_s).all()
@@ -112,10 +112,10 @@ def test_every_request_finishes_exactly_once(small_workload) -> None:
 
 
 def test_replays_are_deterministic_per_seed(small_workload) -> None:
-    cfg = SimConfig(destinations=4, seed=7)
-    a = simulate(small_workload, RandomChoice(), cfg)
-    b = simulate(small_workload, RandomChoice(), cfg)
-    c = simulate(small_workload, RandomChoice(), SimConfig(destinations=4, seed=8))
+    cfg = ReplayConfig(destinations=4, seed=7)
+    a = replay_trace(small_workload, RandomChoice(), cfg)
+    b = replay_trace(small_workload, RandomChoice(), cfg)
+    c = replay_trace(small_workload, RandomChoice(), ReplayConfig(destinations=4, seed=8))
     assert np.array_equal(a.dest, b.dest)
     assert np.array_equal(a.finish_s, b.finish_s)
     assert not np.array_equal(a.dest, c.dest)
@@ -123,7 +123,7 @@ def test_replays_are_deterministic_per_seed(small_workload) -> None:
 
 def test_abort_stops_a_replay_that_cannot_meet_the_slo(small_workload) -> None:
     fast = small_workload.time_scaled(50.0)
-    r = simulate(fast, PowerOfTwo(), SimConfig(destinations=1, abort_above_p99_ttft_s=0.5))
+    r = replay_trace(fast, PowerOfTwo(), ReplayConfig(destinations=1, abort_above_p99_ttft_s=0.5))
     assert r.aborted
     m = summarize(r)
     assert m.ttft_p99_s > 0.5 or math.isinf(m.ttft_p99_s)

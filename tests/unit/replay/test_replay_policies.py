@@ -7,14 +7,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from cacheroute.planner.plan import Destination, plan_from_routes
+from cacheroute.planner.plan import Destination, Plan, plan_from_routes
 from cacheroute.planner.replay.engine import Engine, RequestTable
-from cacheroute.planner.replay.hardware import DEFAULT_PROFILE
+from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
 from cacheroute.planner.replay.planned import CacheRoute, Planned, PlannerSettings
 from cacheroute.planner.replay.policies import BoundedConsistentHash, PowerOfTwo, StickyHash
 from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.replay.prefix_policies import GiePrefixScorer, Preble, PrefixTree
-from cacheroute.planner.replay.simulator import SimConfig, destination_ids, simulate
+from cacheroute.planner.replay.run import ReplayConfig, destination_ids, replay_trace
 from cacheroute.planner.trace import RequestTrace
 
 
@@ -41,7 +41,7 @@ def set_load(view: RouterView, loads: list[int]) -> None:
 
 def test_sticky_hash_sends_each_key_to_one_destination(make_trace) -> None:
     reqs = [(i * 0.5, f"k{i % 5}", 40, 4, [1000 * i + j for j in range(10)]) for i in range(50)]
-    r = simulate(make_trace(reqs), StickyHash(), SimConfig(destinations=8))
+    r = replay_trace(make_trace(reqs), StickyHash(), ReplayConfig(destinations=8))
     by_key: dict[int, set[int]] = {}
     for k, d in zip(np.arange(50) % 5, r.dest.tolist(), strict=True):
         by_key.setdefault(int(k), set()).add(d)
@@ -208,3 +208,26 @@ def test_a_key_with_several_destinations_goes_to_the_least_loaded_one(make_trace
     assert pol.route(0, 0.0) == 4
     set_load(view, [3, 1, 3, 3, 2, 3])
     assert pol.route(0, 0.0) == 1
+
+
+def test_cacheroute_asks_its_guard_before_routing_by_a_new_plan(make_trace) -> None:
+    reqs = [(float(t), "a", 64, 4, [1, 2, 3, 4, 100 + t]) for t in range(0, 200, 2)]
+    trace = make_trace(reqs, block_size=16)
+    asked: list[tuple[float, int]] = []
+
+    def guard(trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int) -> bool:
+        asked.append((now, len(candidate)))
+        return verdict
+
+    for verdict in (False, True):
+        asked.clear()
+        pol = CacheRoute(PlannerSettings(control_period_s=60.0, window_s=60.0), guard=guard)
+        view = bind(pol, trace, 4)
+        for i, r in enumerate(reqs):
+            pol.route(i, r[0])
+        assert [now for now, _ in asked] == [60.0, 120.0, 180.0]
+        assert all(routes == 1 for _, routes in asked)
+        assert pol.replans == 3
+        # A rejected plan is not routed by: the period runs on p2c.
+        assert pol.guard_rejections == (0 if verdict else 3)
+        assert (view.key[0] in pol._routes) is verdict

@@ -79,7 +79,7 @@ def test_infeasible_specs_are_refused_with_the_reason() -> None:
 def test_cacheroute_paper_preset_matches_the_report() -> None:
     from cacheroute.planner.replay.metrics import summarize
     from cacheroute.planner.replay.policies import RoundRobin
-    from cacheroute.planner.replay.simulator import SimConfig, simulate
+    from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 
     w = generate(PRESETS["cacheroute-paper"])
     st = w.stats()
@@ -92,7 +92,7 @@ def test_cacheroute_paper_preset_matches_the_report() -> None:
     # the report's rates (p99 TTFT within the 3.5 s SLO at 150 QPS).
     tr = w.trace.window(0.0, 300.0)
     at_150 = tr.time_scaled(150.0 / (len(tr) / tr.duration_s))
-    flat = summarize(simulate(at_150, RoundRobin(), SimConfig(destinations=30)))
+    flat = summarize(replay_trace(at_150, RoundRobin(), ReplayConfig(destinations=30)))
     print(flat.kv_hit, flat.ttft_p99_s)
     assert flat.kv_hit == pytest.approx(0.641, abs=0.07)
     assert flat.ttft_p99_s < 3.5
@@ -102,13 +102,13 @@ def test_cacheroute_paper_preset_matches_the_report() -> None:
 def test_low_reuse_preset_lets_affinity_lift_kv_hit_only_to_about_twelve_percent() -> None:
     from cacheroute.planner.replay.metrics import summarize
     from cacheroute.planner.replay.policies import PowerOfTwo, StickyHash
-    from cacheroute.planner.replay.simulator import SimConfig, simulate
+    from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 
     w = generate(PRESETS["low-reuse"])
     tr = w.trace.window(0.0, 300.0)
     at_40 = tr.time_scaled(40.0 / (len(tr) / tr.duration_s))
-    p2c = summarize(simulate(at_40, PowerOfTwo(), SimConfig(destinations=30)))
-    sticky = summarize(simulate(at_40, StickyHash(), SimConfig(destinations=30)))
+    p2c = summarize(replay_trace(at_40, PowerOfTwo(), ReplayConfig(destinations=30)))
+    sticky = summarize(replay_trace(at_40, StickyHash(), ReplayConfig(destinations=30)))
     print(w.stats(), p2c.kv_hit, sticky.kv_hit)
     assert p2c.kv_hit < 0.03
     assert sticky.kv_hit == pytest.approx(0.12, abs=0.025)

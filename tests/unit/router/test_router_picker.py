@@ -7,8 +7,9 @@ from collections import Counter
 import pytest
 
 from cacheroute.planner.plan import Destination, Plan, affinity_key_hash, plan_from_routes
+from cacheroute.planner.routing import P2C, PLANNED, SPILLED
 from cacheroute.router.endpoints import EndpointPool, SliceEndpoint
-from cacheroute.router.picker import NONE, P2C, PLANNED, SPILLED, Picker
+from cacheroute.router.picker import NONE, Picker
 from cacheroute.router.table import build_table
 
 ADDRESSES = [f"10.0.0.{i}:8000" for i in range(1, 7)]

@@ -31,10 +31,10 @@ def destination_ids(n: int, pool: str = DEFAULT_POOL) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class SimConfig:
+class ReplayConfig:
     """How to replay.
 
-    `warmup_fraction`: the first share of requests (by arrival) is simulated but left out of the
+    `warmup_fraction`: the first share of requests (by arrival) is replayed but left out of the
     metrics, so cold caches and the first control period do not count.
     `abort_above_p99_ttft_s`: stop as soon as the p99 TTFT of the measured requests is certain to
     exceed this (more than 1 % of them already late); the capacity search uses it.
@@ -63,7 +63,7 @@ class SimConfig:
 
 
 @dataclass(frozen=True, eq=False)
-class SimResult:
+class ReplayResult:
     """Per-request outcomes (NaN where a request did not get that far: only in aborted runs)."""
 
     policy: str
@@ -107,14 +107,14 @@ def _check_fits(trace: RequestTrace, out: npt.NDArray[np.int64], capacity: int) 
         )
 
 
-def simulate(
+def replay_trace(
     trace: RequestTrace,
     policy: Policy,
-    config: SimConfig | None = None,
+    config: ReplayConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> SimResult:
+) -> ReplayResult:
     """Replay `trace` through `policy` over `config.destinations` engines."""
-    cfg = config or SimConfig()
+    cfg = config or ReplayConfig()
     n = len(trace)
     profile = cfg.profile
     out_arr = np.maximum(trace.output_tokens, 1)
@@ -199,7 +199,7 @@ def simulate(
 
     measured = np.zeros(n, dtype=bool)
     measured[warmup:] = True
-    return SimResult(
+    return ReplayResult(
         policy=policy.name,
         trace_name=trace.name,
         destinations=cfg.destinations,

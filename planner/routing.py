@@ -1,0 +1,206 @@
+"""The routing rule: which destination one request goes to, given its key, the plan and the load.
+
+The router (`router/picker.py`) and the replay's planned policies (`replay/planned.py`) both
+decide through `RoutingRule.choose`, so what the replay measures is what the router does.
+
+1. **Planned key**: the least-loaded usable destination of its plan entry; ties go to the first
+   at or after `key_hash % len(entry)`, so every router replica with the same view of load picks
+   the same one.
+2. **Bounded affinity**: when that destination's load exceeds
+   `spill_threshold x mean load + spill_slack`, the request spills to p2c among the other usable
+   destinations (unless it is the only one). A planned key with no usable destination spills too.
+3. **Unplanned key, key-seeded p2c** (`unplanned="key-p2c"`): the less loaded of the key's two
+   candidates on the consistent-hash ring (`keyring.KeyRing`), the first on a tie; an unusable
+   candidate is skipped, and with neither usable the request goes to plain p2c.
+4. **Plain p2c** (unplanned keys with `unplanned="p2c"`, keyless requests): the less loaded of two
+   distinct destinations drawn uniformly, the first drawn on a tie.
+
+Load is whatever the caller's `Loads` says: the rule compares loads and never measures them, so a
+different measure of load (e.g. token-aware) changes the `Loads` a caller passes, not the rule nor
+the callers' decision code. Destinations are opaque: the router passes its `Endpoint` objects, the
+replay destination indexes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol, TypeVar
+
+from cacheroute.planner.keyring import KeyRing
+
+# Bounded affinity: a planned destination takes a request while its load is at most
+# threshold x mean load + slack (in units of the load measure: requests today).
+DEFAULT_SPILL_THRESHOLD = 1.5
+DEFAULT_SPILL_SLACK = 2.0
+
+PLANNED = "planned"
+SPILLED = "spilled"
+P2C = "p2c"
+
+D = TypeVar("D")
+D_contra = TypeVar("D_contra", contravariant=True)
+
+
+class Loads(Protocol[D_contra]):
+    """What the rule knows of load: one destination's, and the mean over the usable ones."""
+
+    def load(self, destination: D_contra, /) -> float: ...
+
+    def mean(self) -> float: ...
+
+
+def check_spill(threshold: float, slack: float) -> None:
+    """Refuse spill settings out of range (for settings at the edges; the rule itself takes any)."""
+    if not threshold > 0:
+        raise ValueError(f"spill threshold must be positive, got {threshold}")
+    if not slack >= 0:
+        raise ValueError(f"spill slack must not be negative, got {slack}")
+
+
+def ring_candidates(ring: KeyRing, members: Sequence[D], *, memo: bool = False) -> Callable[[int], tuple[D, D]]:
+    """The key-seeded p2c candidates of a key hash: `members[i]` for the ring's pair (i, j).
+
+    `memo` remembers each key's pair: right for the replay, whose keys are a finite set; the router
+    sees arbitrary keys and must not grow a table of them.
+    """
+    pair = ring.pair
+    if not memo:
+
+        def candidates(key_hash: int) -> tuple[D, D]:
+            i, j = pair(key_hash)
+            return members[i], members[j]
+
+        return candidates
+    seen: dict[int, tuple[D, D]] = {}
+
+    def remembered(key_hash: int) -> tuple[D, D]:
+        found = seen.get(key_hash)
+        if found is None:
+            i, j = pair(key_hash)
+            found = seen[key_hash] = (members[i], members[j])
+        return found
+
+    return remembered
+
+
+class RoutingRule(Generic[D]):
+    """The rule of the module docstring, bound to one caller's loads, random draws and settings.
+
+    `draw` returns uniform floats in [0, 1) (`random.Random.random`): both callers seed one and
+    consume it in the same order, so equal states and seeds give equal decisions.
+    `key_candidates` gives an unplanned key's two ring candidates (`ring_candidates`); None routes
+    unplanned keys by plain p2c.
+    """
+
+    __slots__ = ("_draw", "_key_candidates", "_load", "_mean", "spill_slack", "spill_threshold")
+
+    def __init__(
+        self,
+        loads: Loads[D],
+        draw: Callable[[], float],
+        *,
+        spill_threshold: float = DEFAULT_SPILL_THRESHOLD,
+        spill_slack: float = DEFAULT_SPILL_SLACK,
+        key_candidates: Callable[[int], tuple[D, D]] | None = None,
+    ) -> None:
+        self._load = loads.load
+        self._mean = loads.mean
+        self._draw = draw
+        self._key_candidates = key_candidates
+        self.spill_threshold = spill_threshold
+        self.spill_slack = spill_slack
+
+    def choose(
+        self,
+        key_hash: int | None,
+        planned: Sequence[D] | None,
+        usable: Sequence[D],
+        is_usable: Callable[[D], bool] | None = None,
+    ) -> tuple[str, D]:
+        """The outcome (PLANNED, SPILLED or P2C) and destination of one request.
+
+        `planned` is the key's plan entry (None: the key is not planned), `usable` the destinations
+        that may take the request (at least one), `is_usable` tells whether a destination of the
+        plan entry or a ring candidate is among them (None: all of them are).
+        """
+        if key_hash is not None:
+            if planned is not None:
+                best = self.least_loaded(planned, key_hash, is_usable)
+                if best is None:
+                    return SPILLED, self.p2c(usable)
+                if len(usable) == 1 or not self.overloaded(best):
+                    return PLANNED, best
+                return SPILLED, self.p2c(usable, best)
+            candidates = self._key_candidates
+            if candidates is not None:
+                return P2C, self.key_p2c(candidates(key_hash), usable, is_usable)
+        return P2C, self.p2c(usable)
+
+    def least_loaded(self, planned: Sequence[D], key_hash: int, is_usable: Callable[[D], bool] | None) -> D | None:
+        """The usable destination of `planned` with the least load; ties go to the first at or
+        after `key_hash % len(planned)`."""
+        n = len(planned)
+        if n == 1:
+            only = planned[0]
+            return only if is_usable is None or is_usable(only) else None
+        load = self._load
+        best: D | None = None
+        best_load = 0.0
+        start = key_hash % n if n else 0
+        for step in range(n):
+            i = start + step
+            d = planned[i if i < n else i - n]
+            if is_usable is None or is_usable(d):
+                value = load(d)
+                if best is None or value < best_load:
+                    best, best_load = d, value
+        return best
+
+    def overloaded(self, destination: D) -> bool:
+        """Bounded affinity: whether `destination` is above `threshold x mean + slack`."""
+        return self._load(destination) > self.spill_threshold * self._mean() + self.spill_slack
+
+    def key_p2c(self, pair: tuple[D, D], usable: Sequence[D], is_usable: Callable[[D], bool] | None) -> D:
+        """The less loaded usable one of a key's two ring candidates (the first on a tie)."""
+        a, b = pair
+        if is_usable is None:
+            a_ok, b_ok = True, b != a
+        else:
+            a_ok = is_usable(a)
+            b_ok = b != a and is_usable(b)
+        if a_ok and b_ok:
+            load = self._load
+            return b if load(b) < load(a) else a
+        if a_ok:
+            return a
+        if b_ok:
+            return b
+        return self.p2c(usable)
+
+    def p2c(self, usable: Sequence[D], exclude: D | None = None) -> D:
+        """Power of two choices among `usable`, without `exclude` (which must be one of them)."""
+        n = len(usable)
+        draw = self._draw
+        if exclude is None or n == 1:
+            if n == 1:
+                return usable[0]
+            i = int(draw() * n)
+            j = int(draw() * (n - 1))
+            if j >= i:
+                j += 1
+        else:
+            skip = usable.index(exclude)
+            if n == 2:
+                return usable[1 - skip]
+            # Two distinct draws among the n - 1 others, mapped around the excluded position.
+            i = int(draw() * (n - 1))
+            j = int(draw() * (n - 2))
+            if j >= i:
+                j += 1
+            if i >= skip:
+                i += 1
+            if j >= skip:
+                j += 1
+        a, b = usable[i], usable[j]
+        load = self._load
+        return b if load(b) < load(a) else a

@@ -1,0 +1,137 @@
+"""The routing rule on its own: destinations are names, load is a table."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from cacheroute.planner.keyring import KeyRing
+from cacheroute.planner.routing import (
+    DEFAULT_SPILL_SLACK,
+    DEFAULT_SPILL_THRESHOLD,
+    P2C,
+    PLANNED,
+    SPILLED,
+    RoutingRule,
+    check_spill,
+    ring_candidates,
+)
+
+NAMES = ["a", "b", "c", "d", "e", "f"]
+
+
+class TableLoads:
+    def __init__(self, loads: dict[str, float]) -> None:
+        self.loads = loads
+
+    def load(self, destination: str, /) -> float:
+        return self.loads[destination]
+
+    def mean(self) -> float:
+        return sum(self.loads.values()) / len(self.loads)
+
+
+def rule_for(loads: dict[str, float], *, seed: int = 1, key_seeded: bool = False, **spill: float) -> RoutingRule[str]:
+    candidates = ring_candidates(KeyRing(NAMES), NAMES) if key_seeded else None
+    return RoutingRule(TableLoads(loads), random.Random(seed).random, key_candidates=candidates, **spill)
+
+
+def idle() -> dict[str, float]:
+    return dict.fromkeys(NAMES, 0.0)
+
+
+def test_the_defaults_are_the_documented_bound() -> None:
+    rule = rule_for(idle())
+    assert (rule.spill_threshold, rule.spill_slack) == (DEFAULT_SPILL_THRESHOLD, DEFAULT_SPILL_SLACK) == (1.5, 2.0)
+
+
+def test_a_planned_key_goes_to_its_least_loaded_destination() -> None:
+    loads = idle() | {"b": 3, "c": 1, "e": 2}
+    assert rule_for(loads).choose(7, ["b", "c", "e"], NAMES) == (PLANNED, "c")
+
+
+def test_ties_go_to_the_first_destination_at_or_after_the_key_hash() -> None:
+    rule = rule_for(idle())
+    entry = ["b", "c", "e"]
+    assert [rule.least_loaded(entry, h, None) for h in range(6)] == ["b", "c", "e", "b", "c", "e"]
+
+
+def test_unusable_planned_destinations_are_skipped_and_none_left_spills() -> None:
+    rule = rule_for(idle() | {"c": 1})
+    assert rule.least_loaded(["b", "c"], 0, lambda d: d != "b") == "c"
+    assert rule.least_loaded(["b"], 0, lambda d: d != "b") is None
+    outcome, chosen = rule.choose(0, ["b"], ["a", "c"], lambda d: d != "b")
+    assert outcome == SPILLED
+    assert chosen in {"a", "c"}
+
+
+def test_bounded_affinity_spills_above_threshold_times_mean_plus_slack() -> None:
+    # Mean 2 over six destinations: the bound is 1.5 x 2 + 2 = 5.
+    at_bound = idle() | {"a": 5, "b": 7}
+    assert rule_for(at_bound).choose(0, ["a"], NAMES) == (PLANNED, "a")
+    above = idle() | {"a": 6, "b": 6}
+    rule = rule_for(above)
+    assert rule.overloaded("a")
+    spilled = {rule.choose(0, ["a"], NAMES) for _ in range(200)}
+    assert {outcome for outcome, _ in spilled} == {SPILLED}
+    assert "a" not in {d for _, d in spilled}
+    # The bound follows the settings: a laxer threshold keeps the key.
+    assert rule_for(above, spill_threshold=3.0).choose(0, ["a"], NAMES) == (PLANNED, "a")
+
+
+def test_an_overloaded_destination_keeps_the_key_when_it_is_the_only_usable_one() -> None:
+    assert rule_for(idle() | {"a": 50}).choose(0, ["a"], ["a"]) == (PLANNED, "a")
+
+
+def test_an_unplanned_key_uses_the_less_loaded_of_its_two_ring_candidates() -> None:
+    key = 12345
+    first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
+    assert first != second
+    assert rule_for(idle(), key_seeded=True).choose(key, None, NAMES) == (P2C, first)  # tie: the first
+    busy = idle() | {first: 3.0, second: 1.0}
+    # Every other destination is idle, yet only the two candidates are compared.
+    assert rule_for(busy, key_seeded=True).choose(key, None, NAMES) == (P2C, second)
+
+
+def test_unusable_ring_candidates_are_skipped_then_plain_p2c_takes_over() -> None:
+    key = 999
+    first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
+    rule = rule_for(idle() | {second: 9.0}, key_seeded=True)
+    assert rule.choose(key, None, NAMES, lambda d: d != first) == (P2C, second)
+    others = [d for d in NAMES if d not in (first, second)]
+    seen = {rule.choose(key, None, others, lambda d: d in others)[1] for _ in range(300)}
+    assert seen == set(others)
+
+
+def test_without_key_seeding_unplanned_and_keyless_requests_take_plain_p2c() -> None:
+    rule = rule_for(idle())
+    assert Counter(rule.choose(5, None, NAMES)[0] for _ in range(50)) == {P2C: 50}
+    picks = Counter(rule.choose(None, None, NAMES)[1] for _ in range(600))
+    assert set(picks) == set(NAMES)
+
+
+def test_p2c_prefers_the_lighter_of_two_draws_and_never_the_excluded() -> None:
+    loads = {"a": 0.0, "b": 10.0, "c": 20.0, "d": 30.0}
+    rule = rule_for(loads)
+    picks = Counter(rule.p2c(list(loads)) for _ in range(3000))
+    assert picks["d"] == 0
+    # "a" is in half of the six pairs and wins them all.
+    assert picks["a"] / 3000 == pytest.approx(0.5, abs=0.05)
+    assert "a" not in {rule.p2c(list(loads), exclude="a") for _ in range(300)}
+    assert rule.p2c(["a", "b"], exclude="a") == "b"
+
+
+@pytest.mark.parametrize(("threshold", "slack"), [(0.0, 2.0), (-1.0, 2.0), (1.5, -0.5), (float("nan"), 1.0)])
+def test_spill_settings_out_of_range_are_refused(threshold: float, slack: float) -> None:
+    with pytest.raises(ValueError, match="spill"):
+        check_spill(threshold, slack)
+    check_spill(1.0, 0.0)
+
+
+def test_memoised_ring_candidates_equal_the_ring_s_own() -> None:
+    ring = KeyRing(NAMES)
+    plain, memo = ring_candidates(ring, NAMES), ring_candidates(ring, NAMES, memo=True)
+    for key in range(0, 10**6, 9973):
+        assert plain(key) == memo(key) == memo(key) == tuple(NAMES[i] for i in ring.pair(key))
