@@ -12,7 +12,7 @@ import typer
 
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
-from cacheroute.router import eventloop
+from cacheroute.router import eventloop, sidecar
 from cacheroute.router.settings import (
     BODY_MODES,
     DEFAULT_GRPC_PORT,
@@ -294,6 +294,10 @@ def envoy_config(
     except (SettingsError, ValueError) as exc:
         raise _fail(str(exc)) from None
     typer.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+
+
+# The router pod's Envoy container (`cacheroute router envoy`), kept in its own module.
+sidecar.register(app)
 
 
 def main() -> None:

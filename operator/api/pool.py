@@ -19,6 +19,9 @@ from cacheroute.operator.api.common import (
 from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
 
 QUANTIZATIONS = ("bf16", "fp8")
+# The vLLM release the operator's engine flags are checked against
+# (cacheroute/operator/fleet/vllm-serve-options-v0.31.0.txt).
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.31.0"
 
 
 class ConfigMapKeyRef(ApiModel):
@@ -56,7 +59,7 @@ class EnvVar(ApiModel):
 class EngineSpec(ApiModel):
     """The vLLM container."""
 
-    image: str = Field(default="vllm/vllm-openai:v0.11.0", min_length=1, max_length=512)
+    image: str = Field(default=DEFAULT_ENGINE_IMAGE, min_length=1, max_length=512)
     port: int = Field(default=8000, ge=1, le=65535)
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=128)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)

@@ -10,9 +10,10 @@ import typer
 import yaml
 from rich.console import Console
 
-from cacheroute.operator.api.crdgen import MODELS, crd_file_name, render, write_crds
+from cacheroute.operator.api.crdgen import rendered_files, write_crds
 from cacheroute.operator.api.manifests import ManifestError, documents, parse_resource
 from cacheroute.operator.cli import memory as memory_commands
+from cacheroute.operator.cli import operator as operator_commands
 from cacheroute.operator.cli import plan as plan_commands
 from cacheroute.operator.cli import replay as replay_commands
 from cacheroute.operator.cli.errors import USAGE, CommandLine, describe_os_error, fail, report
@@ -54,9 +55,9 @@ def crds(
         raise fail(str(exc)) from None
     if check:
         stale = [
-            crd_file_name(m)
-            for m in MODELS
-            if not (out / crd_file_name(m)).is_file() or (out / crd_file_name(m)).read_text("utf-8") != render(m)
+            name
+            for name, text in rendered_files().items()
+            if not (out / name).is_file() or (out / name).read_text("utf-8") != text
         ]
         if stale:
             raise fail(f"out of date in {out}: {', '.join(stale)} — run `cacheroute crds --out {out}`", 1)
@@ -113,7 +114,7 @@ def validate(
 
 # Sub-commands of the other components, imported explicitly so that every tool following imports
 # sees the links (and the import contracts in pyproject.toml can check them).
-for _commands in (plan_commands, replay_commands, memory_commands):
+for _commands in (plan_commands, replay_commands, memory_commands, operator_commands):
     _commands.register(app)
 app.add_typer(router_app, name="router")
 app.add_typer(sandbox_app, name="sandbox")

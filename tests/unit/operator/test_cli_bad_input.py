@@ -31,6 +31,10 @@ BASE_ARGS: dict[str, list[str]] = {
     "sandbox runtime": ["--state-dir", "{state}"],
     # Port 1 of loopback: were the bad value accepted, the target check fails at once.
     "sandbox load": ["http://127.0.0.1:1"],
+    # --print: were the bad value accepted, the bootstrap is printed instead of Envoy started.
+    "router envoy": ["--pod-ip", "127.0.0.1", "--print"],
+    # A kubeconfig that is no kubeconfig: were the bad value accepted, the operator fails at once.
+    "operator run": ["--kubeconfig", "{file}", "--standalone"],
 }
 
 
@@ -107,7 +111,8 @@ def path_cases() -> Iterator[tuple[str, str, str]]:
 
 def test_every_command_is_discovered_and_declares_its_inputs() -> None:
     assert {"plan", "replay", "memory-plan", "validate", "crds", "router serve", "router envoy-config",
-            "sandbox up", "sandbox down", "sandbox status", "sandbox binaries ensure"} <= set(COMMANDS)
+            "router envoy", "operator run", "sandbox up", "sandbox down", "sandbox status",
+            "sandbox binaries ensure"} <= set(COMMANDS)
     undeclared = []
     for path, command in COMMANDS.items():
         for param in command.params:
