@@ -53,7 +53,7 @@ from cacheroute.operator.control.report import SHADOW_PLANNED, events_to_post, i
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.operator.fleet.names import MAX_PLAN_SHARDS
 from cacheroute.planner.errors import PlanInputError
-from cacheroute.planner.plan import Destination, Plan, PlanError
+from cacheroute.planner.plan import Destination, Plan, PlanError, validate_plan
 from cacheroute.planner.plan_format import PlanPayload, encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
 
@@ -93,8 +93,10 @@ def _parse_time(text: object) -> float | None:
 
 
 def encode_checked(plan: Plan) -> PlanPayload:
-    """The ConfigMap payload of `plan`, verified to decode back to the same routes and to fit the
-    ConfigMaps the pool's routers mount."""
+    """The ConfigMap payload of `plan`: the plan passes `validate_plan` (the check every router
+    applies), the payload decodes back to the same routes, and it fits the ConfigMaps the pool's
+    routers mount."""
+    validate_plan(plan)
     payload = encode_plan(plan)
     check_payload(plan, payload)
     if len(payload.configmaps) > MAX_PLAN_SHARDS:

@@ -3,6 +3,7 @@ when the next period is due."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -113,3 +114,9 @@ def test_a_plan_needing_more_configmaps_than_routers_mount_is_refused(monkeypatc
     monkeypatch.setattr(loop_module, "MAX_PLAN_SHARDS", 0)
     with pytest.raises(PlanError, match="routers mount at most 0"):
         encode_checked(plan({1: ["p-0"]}))
+
+
+def test_a_plan_a_router_would_refuse_is_refused_before_encoding() -> None:
+    twins = [Destination("p-0", "10.0.0.1:8000"), Destination("p-1", "10.0.0.1:8000")]
+    with pytest.raises(PlanError, match=re.escape("address 10.0.0.1:8000 is also p-0's")):
+        encode_checked(plan_from_routes("p", twins, {1: ["p-0"]}))
