@@ -375,17 +375,24 @@ def events(api_client: Any, namespace: str, reason: str) -> list[Any]:
     return [e for e in client.CoreV1Api(api_client).list_namespaced_event(namespace).items if e.reason == reason]
 
 
-def wait_for_window(prometheus_url: str, namespace: str, keys: int, window_s: int, timeout: float = 60.0) -> None:
-    """Until Prometheus holds a whole window of `keys` per-key request series of the namespace."""
-    query = (
-        f'count(count_over_time(cacheroute_router_key_requests_total{{namespace="{namespace}"}}[{window_s}s])'
-        f" >= {window_s - 1})"
-    )
+def wait_for_window(
+    prometheus_url: str, namespace: str, keys: int, window_s: int, timeout: float = 60.0, *, engines: int = 0
+) -> None:
+    """Until Prometheus holds a whole window of `keys` per-key request series of the namespace
+    (and of `engines` vLLM pods' generated-token counters)."""
+    wanted = [("cacheroute_router_key_requests_total", keys)]
+    if engines:
+        wanted.append(("vllm:generation_tokens_total", engines))
 
     def full() -> bool:
-        body = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
-        result = body["data"]["result"]
-        return bool(result) and int(float(result[0]["value"][1])) >= keys
+        for metric, count in wanted:
+            query = (f'count(count_over_time({{__name__="{metric}",namespace="{namespace}"}}[{window_s}s])'
+                     f" >= {window_s - 1})")
+            body = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
+            result = body["data"]["result"]
+            if not result or int(float(result[0]["value"][1])) < count:
+                return False
+        return True
 
     wait_until(full, timeout=timeout, what=f"a full {window_s}s window of router metrics", interval=0.5)
 

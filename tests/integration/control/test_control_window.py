@@ -23,7 +23,7 @@ async def test_window_sums_router_replicas_and_reads_both_vllm_names(env: Contro
     env.fleet("llama", routers=2, engines=2, legacy_engines=[1]).set_traffic(traffic)
     # Another pool's series in the same namespace must not leak in.
     env.fleet("other", routers=1, engines=1).set_traffic(zipf_traffic(3, 50.0, prompt=10, prefix_share=0, exponent=0))
-    wait_for_window(env.prometheus_url, env.namespace, len(traffic.keys) + 2 + 3 + 2, WINDOW)
+    wait_for_window(env.prometheus_url, env.namespace, len(traffic.keys) + 2 + 3 + 2, WINDOW, engines=3)
 
     reader = PrometheusReader(env.prometheus_url, timeout_s=5)
     try:
