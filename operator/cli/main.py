@@ -12,6 +12,8 @@ from rich.console import Console
 
 from cacheroute.operator.api.crdgen import rendered_files, write_crds
 from cacheroute.operator.api.manifests import ManifestError, documents, parse_resource
+from cacheroute.operator.api.reference import crd_reference
+from cacheroute.operator.cli import chart as chart_commands
 from cacheroute.operator.cli import memory as memory_commands
 from cacheroute.operator.cli import operator as operator_commands
 from cacheroute.operator.cli import plan as plan_commands
@@ -42,11 +44,14 @@ def crds(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the CRD YAML files into.")] = Path(
         "crds"
     ),
+    reference: Annotated[
+        Path | None, typer.Option(help="Also write the field reference (Markdown) to this file, e.g. docs/crds.md.")
+    ] = None,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; fail if the files in --out differ from the models.")
     ] = False,
 ) -> None:
-    """Generate the CustomResourceDefinitions from the typed models."""
+    """Generate the CustomResourceDefinitions (and their field reference) from the typed models."""
     if check:
         stale = [
             name
@@ -56,10 +61,18 @@ def crds(
         if stale:
             err.print(f"[red]out of date in {out}:[/] {', '.join(stale)} — run `cacheroute crds --out {out}`")
             raise typer.Exit(1)
+        if reference is not None and (not reference.is_file() or reference.read_text("utf-8") != crd_reference()):
+            err.print(f"[red]out of date:[/] {reference} — run `make crds`")
+            raise typer.Exit(1)
         console.print(f"CRDs in {out} match the models")
         return
     for path in write_crds(out):
         console.print(f"wrote {path}")
+    if reference is not None:
+        staged = reference.with_name(f".{reference.name}.tmp")
+        staged.write_text(crd_reference(), encoding="utf-8")
+        staged.replace(reference)
+        console.print(f"wrote {reference}")
 
 
 @app.command()
@@ -90,7 +103,7 @@ def validate(
 
 # Sub-commands of the other components, imported explicitly so that every tool following imports
 # sees the links (and the import contracts in pyproject.toml can check them).
-for _commands in (plan_commands, replay_commands, memory_commands, operator_commands):
+for _commands in (plan_commands, replay_commands, memory_commands, operator_commands, chart_commands):
     _commands.register(app)
 app.add_typer(router_app, name="router")
 app.add_typer(sandbox_app, name="sandbox")
