@@ -26,7 +26,15 @@ from cacheroute.sandbox.binaries import locate
 from cacheroute.sandbox.cluster import Sandbox
 from cacheroute.sandbox.crds import apply_crds
 from tests.support import sandbox as testing
-from tests.support.chart import CHART, REPO, Helm, HelmError, prometheus_operator_crds, server_side_apply
+from tests.support.chart import (
+    CHART,
+    REPO,
+    Helm,
+    HelmError,
+    example_objects,
+    prometheus_operator_crds,
+    server_side_apply,
+)
 from tests.support.operator import install_crds
 
 pytestmark = pytest.mark.integration
@@ -228,3 +236,9 @@ def test_the_routers_envoy_bootstrap_passes_envoy_validate(
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert validated.returncode == 0, validated.stdout + validated.stderr
+
+
+def test_the_examples_pass_a_server_side_dry_run(sandbox: Sandbox, cluster_crds: None, dry_run_namespace: str) -> None:
+    objects = example_objects(dry_run_namespace)
+    assert {o["kind"] for o in objects} == {"InferencePool", "AffinityPlan"}
+    assert server_side_apply(sandbox.api_client(), objects, dry_run=True) == []
