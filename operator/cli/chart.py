@@ -9,16 +9,22 @@ import typer
 from rich.console import Console
 
 from cacheroute.operator.chart import files, reference
+from cacheroute.operator.cli.errors import fail
 
 console = Console()
-err = Console(stderr=True)
 
 
 def chart(
-    out: Annotated[Path, typer.Option("--out", "-o", help="The chart's folder.")] = Path("helm/cacheroute"),
+    out: Annotated[
+        Path, typer.Option("--out", "-o", exists=True, file_okay=False, help="The chart's folder.")
+    ] = Path("helm/cacheroute"),
     install_doc: Annotated[
         Path | None,
-        typer.Option(help="Markdown file whose values table (between the values markers) is rewritten."),
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="Markdown file whose values table (between the values markers) is rewritten.",
+        ),
     ] = None,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; fail if a generated file differs from its source.")
@@ -26,24 +32,18 @@ def chart(
 ) -> None:
     """Generate the chart's CRD copies, RBAC rules and values schema (and the values table of the docs)."""
     if not (out / "Chart.yaml").is_file():
-        err.print(f"[red]{out}: no Chart.yaml here; --out names the chart's folder[/]")
-        raise typer.Exit(2)
-    if install_doc is not None and not install_doc.is_file():
-        err.print(f"[red]{install_doc}: no such file[/]")
-        raise typer.Exit(2)
+        raise fail(f"--out {out}: no Chart.yaml there; --out names the chart's folder")
     try:
         # Read first: a document without the markers is refused before anything is written.
         doc_stale = install_doc is not None and reference.stale_values_table(install_doc)
     except reference.MarkerError as exc:
-        err.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     if check:
         stale = [str(out / name) for name in files.stale_files(out)]
         if doc_stale:
             stale.append(str(install_doc))
         if stale:
-            err.print(f"[red]out of date:[/] {', '.join(stale)} — run `make chart`")
-            raise typer.Exit(1)
+            raise fail(f"out of date: {', '.join(stale)} — run `make chart`", 1)
         console.print(f"the generated files of {out} match their sources")
         return
     for path in files.write_files(out):

@@ -18,6 +18,8 @@ from cacheroute.operator.cli import memory as memory_commands
 from cacheroute.operator.cli import operator as operator_commands
 from cacheroute.operator.cli import plan as plan_commands
 from cacheroute.operator.cli import replay as replay_commands
+from cacheroute.operator.cli.errors import USAGE, CommandLine, describe_os_error, fail, report
+from cacheroute.operator.files import OutputPathError, check_output_dir, check_output_file, write_atomically
 from cacheroute.operator.version import package_version
 from cacheroute.router.cli import app as router_app
 from cacheroute.sandbox.cli import app as sandbox_app
@@ -25,12 +27,12 @@ from cacheroute.sandbox.cli import app as sandbox_app
 app = typer.Typer(
     name="cacheroute",
     help="Planned prefix-cache affinity for vLLM fleets on Kubernetes.",
+    cls=CommandLine,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 console = Console()
-err = Console(stderr=True)
 
 
 @app.command()
@@ -41,17 +43,24 @@ def version() -> None:
 
 @app.command()
 def crds(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the CRD YAML files into.")] = Path(
-        "crds"
-    ),
+    out: Annotated[
+        Path, typer.Option("--out", "-o", file_okay=False, help="Directory to write the CRD YAML files into.")
+    ] = Path("crds"),
     reference: Annotated[
-        Path | None, typer.Option(help="Also write the field reference (Markdown) to this file, e.g. docs/crds.md.")
+        Path | None,
+        typer.Option(dir_okay=False, help="Also write the field reference (Markdown) to this file, e.g. docs/crds.md."),
     ] = None,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; fail if the files in --out differ from the models.")
     ] = False,
 ) -> None:
     """Generate the CustomResourceDefinitions (and their field reference) from the typed models."""
+    try:
+        check_output_dir(out, "--out")
+        if reference is not None:
+            check_output_file(reference, "--reference")
+    except OutputPathError as exc:
+        raise fail(str(exc)) from None
     if check:
         stale = [
             name
@@ -59,19 +68,15 @@ def crds(
             if not (out / name).is_file() or (out / name).read_text("utf-8") != text
         ]
         if stale:
-            err.print(f"[red]out of date in {out}:[/] {', '.join(stale)} — run `cacheroute crds --out {out}`")
-            raise typer.Exit(1)
+            raise fail(f"out of date in {out}: {', '.join(stale)} — run `cacheroute crds --out {out}`", 1)
         if reference is not None and (not reference.is_file() or reference.read_text("utf-8") != crd_reference()):
-            err.print(f"[red]out of date:[/] {reference} — run `make crds`")
-            raise typer.Exit(1)
+            raise fail(f"out of date: {reference} — run `make crds`", 1)
         console.print(f"CRDs in {out} match the models")
         return
     for path in write_crds(out):
         console.print(f"wrote {path}")
     if reference is not None:
-        staged = reference.with_name(f".{reference.name}.tmp")
-        staged.write_text(crd_reference(), encoding="utf-8")
-        staged.replace(reference)
+        write_atomically(reference, crd_reference())
         console.print(f"wrote {reference}")
 
 
@@ -79,26 +84,45 @@ def crds(
 def validate(
     files: Annotated[list[Path], typer.Argument(help="YAML manifests (multi-document allowed); - reads stdin.")],
 ) -> None:
-    """Check InferencePool and AffinityPlan manifests offline, with the API server's rules."""
+    """Check InferencePool and AffinityPlan manifests offline, with the API server's rules.
+
+    Exit status 2 when any file is unreadable, holds no document, or holds an invalid one.
+    """
     failed = 0
     for path in files:
         try:
             text = sys.stdin.read() if str(path) == "-" else path.read_text("utf-8")
             docs = list(documents(text, str(path)))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        except OSError as exc:
             failed += 1
-            err.print(f"[red]unreadable[/] {path}: {exc}")
+            report(f"unreadable {path}: {describe_os_error(exc)}")
+            continue
+        except UnicodeDecodeError as exc:
+            failed += 1
+            report(f"unreadable {path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+            continue
+        except yaml.YAMLError as exc:
+            failed += 1
+            report(f"unreadable {path}: not YAML ({exc})")
+            continue
+        except RecursionError:
+            failed += 1
+            report(f"unreadable {path}: nested too deeply")
+            continue
+        if not docs:
+            failed += 1
+            report(f"{path}: no manifest in it (empty, or only comments)")
             continue
         for where, doc in docs:
             try:
                 obj = parse_resource(doc, where)
             except ManifestError as exc:
                 failed += 1
-                err.print(f"[red]invalid[/] {exc}")
+                report(f"invalid {exc}")
                 continue
-            console.print(f"[green]ok[/] {where}: {obj.kind} {obj.metadata.name or '(unnamed)'}")
+            console.print(f"[green]ok[/] {where}: {obj.kind} {obj.metadata.name or '(unnamed)'}", soft_wrap=True)
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(USAGE)
 
 
 # Sub-commands of the other components, imported explicitly so that every tool following imports

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from cacheroute.operator.cli.errors import fail
 from cacheroute.operator.config import ConfigError, load_config
 
 app = typer.Typer(
@@ -20,7 +20,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
 ENV = "CACHEROUTE_OPERATOR_"
 
 
@@ -62,19 +61,38 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         str | None, typer.Option(envvar=_env("PROMETHEUS_URL"), help="Prometheus of AffinityPlans that name none.")
     ] = None,
     config: Annotated[
-        Path | None, typer.Option("--config", envvar=_env("CONFIG"), help="Operator configuration file (YAML).")
+        Path | None,
+        typer.Option(
+            "--config", exists=True, dir_okay=False, envvar=_env("CONFIG"), help="Operator configuration file (YAML)."
+        ),
     ] = None,
     kubeconfig: Annotated[
-        Path | None, typer.Option(envvar=_env("KUBECONFIG"), help="Kubeconfig (default: in-cluster, then ~/.kube).")
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            envvar=_env("KUBECONFIG"),
+            help="Kubeconfig (default: in-cluster, then ~/.kube).",
+        ),
     ] = None,
     resync_interval: Annotated[
-        float, typer.Option(envvar=_env("RESYNC_INTERVAL"), help="Seconds between full re-applies (drift repair).")
+        float,
+        typer.Option(
+            min=0.1,
+            max=86_400.0,
+            envvar=_env("RESYNC_INTERVAL"),
+            help="Seconds between full re-applies (drift repair).",
+        ),
     ] = 60.0,
     status_interval: Annotated[
-        float, typer.Option(envvar=_env("STATUS_INTERVAL"), help="Seconds between status refreshes of a pool.")
+        float,
+        typer.Option(
+            min=0.1, max=3600.0, envvar=_env("STATUS_INTERVAL"), help="Seconds between status refreshes of a pool."
+        ),
     ] = 5.0,
     workers: Annotated[
-        int, typer.Option(envvar=_env("WORKERS"), help="Threads for API work; pools reconcile in parallel.")
+        int,
+        typer.Option(min=1, max=256, envvar=_env("WORKERS"), help="Threads for API work; pools reconcile in parallel."),
     ] = 16,
     log_level: Annotated[str, typer.Option(envvar=_env("LOG_LEVEL"), help="debug, info, warning or error.")] = "info",
     log_format: Annotated[str, typer.Option(envvar=_env("LOG_FORMAT"), help="json or text.")] = "json",
@@ -98,8 +116,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             raise ValueError(f"kubeconfig {kubeconfig} is not a file")
         operator_config = load_config(config)
     except (ValueError, ConfigError) as exc:
-        err.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     logs.configure(log_level, log_format)
     options = runtime.RunOptions(
         namespaces=namespaces,
@@ -124,8 +141,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     try:
         runtime.run(options)
     except (OSError, KubeError, ConfigException) as exc:
-        err.print(f"[red]operator failed: {exc}[/]")
-        raise typer.Exit(1) from None
+        raise fail(f"operator failed: {exc}", 1) from None
 
 
 def register(parent: typer.Typer) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.fleet import names
-from cacheroute.planner.plan import KeyExtraction, Plan, PlanSummary
+from cacheroute.planner.plan import KeyExtraction, Plan, PlanSummary, validate_plan
 from cacheroute.planner.plan_format import encode_plan
 
 
@@ -39,8 +39,13 @@ def empty_plan(pool: names.PoolRef, spec: InferencePoolSpec) -> Plan:
 
 
 def build_plan_configmaps(pool: names.PoolRef, spec: InferencePoolSpec) -> list[dict[str, Any]]:
-    """The ConfigMaps of the empty plan (one: an empty plan has a single, empty shard)."""
-    payload = encode_plan(empty_plan(pool, spec))
+    """The ConfigMaps of the empty plan (one: an empty plan has a single, empty shard).
+
+    Raises PlanError when the pool's router settings make a plan no router would load.
+    """
+    plan = empty_plan(pool, spec)
+    validate_plan(plan)
+    payload = encode_plan(plan)
     out = []
     for name, files in sorted(payload.configmaps.items()):
         out.append(

@@ -9,7 +9,7 @@ installation's life: install, RBAC, examples, upgrade, uninstall.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +146,7 @@ def test_the_charts_identity_is_refused_outside_the_operators_list(installed: In
     # Within the list: it works (so the token is good and a refusal below is RBAC's).
     core.list_namespaced_pod(ns)
     apps.list_namespaced_stateful_set(ns)
-    refused = {
+    refused: dict[str, Callable[[], Any]] = {
         "read Secrets": lambda: core.list_namespaced_secret(ns),
         "create a Secret": lambda: core.create_namespaced_secret(ns, {"metadata": {"name": "x"}}),
         "delete a StatefulSet": lambda: apps.delete_namespaced_stateful_set("llama", ns),
@@ -214,7 +214,7 @@ def test_uninstall_keeps_the_crds_and_the_users_resources(installed: Installed, 
     installed.uninstalled = True
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     rbac, custom = client.RbacAuthorizationV1Api(kube_api), client.CustomObjectsApi(kube_api)
-    gone = {
+    gone: dict[str, Callable[[], Any]] = {
         "Deployment": lambda: apps.read_namespaced_deployment(OPERATOR, ns),
         "ConfigMap": lambda: core.read_namespaced_config_map(OPERATOR, ns),
         "ServiceAccount": lambda: core.read_namespaced_service_account(OPERATOR, ns),
