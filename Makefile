@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # addresses there that EndpointSlices accept, and no traffic can leave the machine.
 ISOLATE := $(VENV)/bin/cacheroute sandbox isolate --
 
-.PHONY: test unit integration lint typecheck bench demo crds sandbox-deps clean
+.PHONY: test unit integration lint typecheck bench demo crds chart sandbox-deps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,8 +38,13 @@ typecheck: $(STAMP)
 sandbox-deps: $(STAMP)
 	$(PY) -m cacheroute.sandbox.binaries ensure
 
+## Generated files: CRDs and their reference (docs/crds.md) from the models; the chart's copies of
+## them, its RBAC rules and values schema, and the values table of docs/install.md.
 crds: $(STAMP)
-	$(VENV)/bin/cacheroute crds --out crds
+	$(VENV)/bin/cacheroute crds --out crds --reference docs/crds.md
+
+chart: crds
+	$(VENV)/bin/cacheroute chart --out helm/cacheroute --install-doc docs/install.md
 
 bench: $(STAMP) sandbox-deps
 	@mkdir -p bench-results
