@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # addresses there that EndpointSlices accept, and no traffic can leave the machine.
 ISOLATE := $(VENV)/bin/cacheroute sandbox isolate --
 
-.PHONY: test unit integration lint typecheck bench demo crds chart sandbox-deps clean
+.PHONY: test unit integration lint typecheck bench demo demo-replay crds chart sandbox-deps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,8 +54,14 @@ bench: $(STAMP) sandbox-deps
 	$(PY) -m cacheroute.sandbox.binaries ensure promtool
 	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(ISOLATE) $(PY) -m tests.bench.$$(basename $$b .py); done
 
-## Shadow replay of the paper's workload on 30 modelled H100 destinations: table, JSON and plots in demo/.
-demo: $(STAMP)
+## The whole loop on this machine (docs/demo.md): sandbox, helm install, a pool of 8 emulated vLLM
+## destinations and an AffinityPlan, real traffic through Envoy and the router, a p2c phase then a
+## planned phase; the table on stdout, loop.json and plots in demo/.
+demo: $(STAMP) sandbox-deps
+	$(ISOLATE) $(VENV)/bin/cacheroute sandbox demo --out demo
+
+## Shadow replay alone of the paper's workload on 30 modelled H100 destinations: table, JSON and plots in demo/.
+demo-replay: $(STAMP)
 	$(VENV)/bin/cacheroute replay --workload cacheroute-paper --duration 900 --destinations 30 \
 	    --policies p2c,prefix-tree,gie-prefix,preble,cacheroute --qps 120,170,200 --out demo
 

@@ -227,11 +227,13 @@ def isolate(ctx: typer.Context) -> None:
 
 
 def _more_commands() -> None:
+    from cacheroute.sandbox.demo.cli import demo
     from cacheroute.sandbox.loadgen.cli import load
     from cacheroute.sandbox.runtime.cli import run
 
     app.command("runtime", help="Run the pod runtime by hand (`up` starts one).")(run)
     app.command("load")(load)
+    app.command("demo")(demo)
 
 
 _more_commands()

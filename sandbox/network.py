@@ -67,6 +67,16 @@ def _routed_locally(cidr: str) -> bool:
     return result.returncode == 0 and f"local {cidr} dev lo" in result.stdout
 
 
+def is_pod_address(host: str) -> bool:
+    """Whether `host` is a sandbox pod address that is local here (the pod network is routed to
+    this namespace's loopback): traffic to it cannot leave the machine."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address in ipaddress.ip_network(LOCAL_NETWORK) and _routed_locally(LOCAL_NETWORK)
+
+
 def _namespace_id() -> str:
     try:
         return str(os.stat("/proc/self/ns/net").st_ino)

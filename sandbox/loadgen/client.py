@@ -20,8 +20,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from cacheroute.sandbox.loadgen.prompts import prompt_text
+from cacheroute.sandbox.loadgen.prompts import prompt_parts
 from cacheroute.sandbox.loadgen.schedule import PlannedRequest, Schedule
+from cacheroute.sandbox.network import is_pod_address
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -31,7 +32,8 @@ class TargetError(ValueError):
 
 
 def check_target(url: str) -> str:
-    """`url` if it is an http URL on a loopback address; the completions path is added when missing."""
+    """`url` if it is an http URL on a loopback address, or on a sandbox pod address routed to this
+    namespace's loopback (`cacheroute sandbox isolate`)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TargetError(f"target {url!r} is not an http:// URL")
@@ -41,7 +43,7 @@ def check_target(url: str) -> str:
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:
             loopback = False
-        if not loopback:
+        if not loopback and not is_pod_address(host):
             raise TargetError(
                 f"target {url!r} is not a loopback address; the load generator only sends to this machine"
             )
@@ -89,7 +91,7 @@ class RequestResult:
 
 def request_body(request: PlannedRequest, schedule: Schedule, settings: LoadSettings) -> dict[str, Any]:
     tr = schedule.trace
-    text = prompt_text(tr.blocks(request.index).tolist(), request.input_tokens, tr.block_size, salt=request.index)
+    parts = prompt_parts(tr.blocks(request.index).tolist(), request.input_tokens, tr.block_size, salt=request.index)
     body: dict[str, Any] = {
         "max_tokens": request.output_tokens,
         "stream": True,
@@ -101,9 +103,11 @@ def request_body(request: PlannedRequest, schedule: Schedule, settings: LoadSett
     if settings.model:
         body["model"] = settings.model
     if settings.api == "chat":
-        body["messages"] = [{"role": "user", "content": text}]
+        # One message per prefix block: the context a client resends (documents, earlier turns)
+        # comes before the newest message, the request's last block, as in a conversation.
+        body["messages"] = [{"role": "user", "content": part} for part in parts]
     else:
-        body["prompt"] = text
+        body["prompt"] = " ".join(parts)
     if request.key is not None and settings.key_field:
         body[settings.key_field] = request.key
     return body

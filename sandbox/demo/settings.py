@@ -1,0 +1,68 @@
+"""What a demo run does: the fleet, the workload, the phases; a full run and a short one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "examples" / "demo"
+CHART = REPO / "helm" / "cacheroute"
+SANDBOX_VALUES = CHART / "ci" / "sandbox-values.yaml"
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    """The `cacheroute-paper` preset scaled to a small fleet and a few minutes (docs/demo.md).
+
+    `keys`, `qps` and the phase length replace the report's 128,824 keys, 176 QPS and hours;
+    `turn_gap_median_s` compresses the minutes between turns of a conversation by the same order
+    as the run is shorter; `prefix_median_tokens` is a business key's own context (documents,
+    tool schemas) after the product's 1,536-token shared prompt.
+    """
+
+    keys: int = 300
+    qps: float = 10.0
+    turn_gap_median_s: float = 30.0
+    prefix_median_tokens: float = 4000.0
+    max_prompt_tokens: int = 28_000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    destinations: int = 8
+    phase_s: float = 150.0
+    workload: WorkloadSettings = WorkloadSettings()
+    namespace: str = "demo"
+    release: str = "cacheroute"
+    pool: str = "demo"
+    plan: str = "demo"
+    nodes: int = 3
+    # KV cache per GPU (the pool's Manual memory plan); None: what examples/demo/pool.yaml says.
+    kv_cache_memory_bytes: int | None = None
+    # Longest wait for one step of the set-up (helm, pods ready, a plan published).
+    step_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.destinations < 2:
+            raise ValueError(f"destinations must be at least 2, got {self.destinations}")
+        if not self.phase_s >= 10:
+            raise ValueError(f"phase_s must be at least 10 seconds, got {self.phase_s}")
+        # Two TP-2 replicas per... four per 8-GPU node; the operator and the router fit anywhere.
+        if self.nodes * 4 < self.destinations:
+            raise ValueError(f"{self.nodes} nodes hold at most {self.nodes * 4} TP-2 replicas")
+
+
+FULL = DemoSettings()
+# The integration test's variant: 4 destinations and a minute of traffic in all.
+SHORT = replace(
+    FULL,
+    destinations=4,
+    phase_s=30.0,
+    nodes=1,
+    # Half the KV per GPU: 4 destinations hold half the fleet KV of 8, and a minute of traffic
+    # has fewer keys (60), so the KV must shrink for it to bind as it does in the full run.
+    kv_cache_memory_bytes=8 * 2**30,
+    workload=replace(FULL.workload, keys=60, qps=8.0, turn_gap_median_s=8.0),
+)
