@@ -105,11 +105,9 @@ def router_plan_version(address: str) -> str | None:
     """The plan version a router has applied (its `cacheroute_router_plan_info`), None before any."""
     text = httpx.get(f"http://{address}:{ROUTER_METRICS_PORT}/metrics", timeout=5.0).text
     for family in text_string_to_metric_families(text):
-        if family.name == "cacheroute_router_plan":
-            for sample in family.samples:
-                version = sample.labels.get("version")
-                if version:
-                    return version
+        for sample in family.samples:
+            if sample.name == "cacheroute_router_plan_info" and sample.labels.get("version"):
+                return sample.labels["version"]
     return None
 
 

@@ -1,14 +1,16 @@
 """The shadow replay's prediction of the same run: the same requests, fleet, KV and plan.
 
-The replay gets the requests the load generator sent (both phases, with the pause between them
-that the loop took to plan), the pool's destinations with the KV capacity of its memory plan, the
-engine profile the emulators run, and the router's rule: every key by key-seeded p2c (an empty
-plan) in the first phase, the plan the operator published in the second. Its served KV hit per
+The replay gets the requests the load generator sent (both sendings of the slice, warm-ups
+included, with the pauses the loop took between them to settle counters and to plan), the pool's
+destinations with the KV capacity of its memory plan, the engine profile the emulators run, and the router's rule: every
+key by key-seeded p2c (an empty plan) until the planned phase, the plan the operator published
+from then on. Its served KV hit per
 phase is what the loop should measure if emulators, router and replay agree.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -18,7 +20,7 @@ from cacheroute.planner.replay.hardware import DEFAULT_PROFILE
 from cacheroute.planner.replay.planned import Planned
 from cacheroute.planner.replay.run import ReplayConfig, ReplayResult, replay_trace
 from cacheroute.planner.trace import RequestTrace
-from cacheroute.sandbox.demo.workload import DemoWorkload
+from cacheroute.sandbox.loadgen.schedule import Schedule
 
 
 class PhaseSwitch(Planned):
@@ -46,30 +48,65 @@ class PhasePrediction:
     requests_by_destination: dict[str, int]
 
 
-def sent_trace(workload: DemoWorkload, pause_s: float) -> tuple[RequestTrace, float]:
-    """The generated trace with the second phase moved `pause_s` later, and the switch instant."""
-    trace = workload.trace
-    switch = float(trace.arrival_s[0]) + workload.cut_s
-    arrival = np.where(trace.arrival_s >= switch, trace.arrival_s + pause_s, trace.arrival_s)
-    return replace(trace, arrival_s=arrival), switch + pause_s
+def sent_trace(sends: Sequence[tuple[Schedule, float]]) -> tuple[RequestTrace, np.ndarray]:
+    """One trace of every request sent, on the loop's clock (each schedule from its offset, in
+    seconds after the first send began), and the send each request belongs to."""
+    parts: list[RequestTrace] = []
+    which: list[np.ndarray] = []
+    for k, (schedule, offset) in enumerate(sends):
+        rows = np.array([r.index for r in schedule.requests], dtype=np.int64)
+        at = np.array([r.at_s + offset for r in schedule.requests], dtype=np.float64)
+        parts.append(_take(schedule.trace, rows, at))
+        which.append(np.full(len(rows), k, dtype=np.int64))
+    trace = _concat(parts)
+    send = np.concatenate(which)
+    order = np.argsort(trace.arrival_s, kind="stable")
+    return _take(trace, order, trace.arrival_s[order]), send[order]
+
+
+def _take(trace: RequestTrace, rows: np.ndarray, arrival: np.ndarray) -> RequestTrace:
+    """`trace`'s `rows`, in that order, arriving at `arrival` (one time per row)."""
+    lengths = np.diff(trace.block_offsets)[rows]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    starts = trace.block_offsets[rows]
+    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
+    return replace(trace, arrival_s=np.asarray(arrival, dtype=np.float64), key=trace.key[rows],
+                   input_tokens=trace.input_tokens[rows], output_tokens=trace.output_tokens[rows],
+                   block_offsets=offsets, block_ids=trace.block_ids[index])
+
+
+def _concat(parts: Sequence[RequestTrace]) -> RequestTrace:
+    """Traces of the same keys one after the other (arrival times as they are)."""
+    first = parts[0]
+    offsets = [parts[0].block_offsets]
+    for part in parts[1:]:
+        offsets.append(part.block_offsets[1:] + offsets[-1][-1])
+    return replace(
+        first,
+        arrival_s=np.concatenate([p.arrival_s for p in parts]),
+        key=np.concatenate([p.key for p in parts]),
+        input_tokens=np.concatenate([p.input_tokens for p in parts]),
+        output_tokens=np.concatenate([p.output_tokens for p in parts]),
+        block_offsets=np.concatenate(offsets),
+        block_ids=np.concatenate([p.block_ids for p in parts]),
+    )
 
 
 def predict(
-    workload: DemoWorkload, plan: Plan, *, kv_capacity_tokens: int, destination_ids: tuple[str, ...],
-    pause_s: float,
+    sends: Sequence[tuple[Schedule, float]], plan: Plan, *, kv_capacity_tokens: int,
+    destination_ids: tuple[str, ...], measured: tuple[int, int], switch: int,
 ) -> tuple[PhasePrediction, PhasePrediction]:
-    """Replay both phases; the figures of each (p2c, planned)."""
-    trace, switch = sent_trace(workload, pause_s)
+    """Replay every send (schedule, offset) in order, the plan from send `switch` on; the
+    figures of the sends `measured` (the p2c phase, the planned phase)."""
+    trace, send = sent_trace(sends)
     profile = DEFAULT_PROFILE.with_kv_capacity(kv_capacity_tokens)
     config = ReplayConfig(destinations=len(destination_ids), profile=profile, warmup_fraction=0.0,
                           destination_ids=destination_ids)
-    result = replay_trace(trace, PhaseSwitch(plan, switch), config)
-    sent = np.zeros(len(trace), dtype=bool)
-    for phase in workload.phases:
-        sent[[r.index for r in phase.requests]] = True
-    in_second = trace.arrival_s >= switch
-    return (_figures(result, sent & ~in_second, destination_ids),
-            _figures(result, sent & in_second, destination_ids))
+    switch_s = float(trace.arrival_s[send == switch].min())
+    result = replay_trace(trace, PhaseSwitch(plan, switch_s), config)
+    return (_figures(result, send == measured[0], destination_ids),
+            _figures(result, send == measured[1], destination_ids))
 
 
 def _figures(result: ReplayResult, rows: np.ndarray, ids: tuple[str, ...]) -> PhasePrediction:

@@ -157,7 +157,9 @@ def document(run: DemoRun) -> dict[str, Any]:
         "plan": {"version": run.plan_object.get("status", {}).get("planVersion"),
                  "status": run.plan_object.get("status"), "routes": len(run.plan) if run.plan else 0},
         "replay": {name: asdict(p) for name, p in zip(("p2c", "planned"), run.prediction or (), strict=False)},
-        "pause_between_phases_s": run.pause_s,
+        "warmups": {w.name: {"client": w.summary.to_dict(), "served_kv_hit": w.counters.served_kv_hit}
+                    for w in run.warmups},
+        "send_offsets_s": run.offsets_s,
         "verdict": {**asdict(v), "planned_wins": v.planned_wins, "replay_agrees": v.replay_agrees},
         "steps_s": run.steps_s,
         "kubectl": run.tables,

@@ -20,6 +20,7 @@ from cacheroute.sandbox.demo.phases import PhaseResult, Progress, run_phase, swi
 from cacheroute.sandbox.demo.prediction import PhasePrediction, predict
 from cacheroute.sandbox.demo.settings import DemoSettings
 from cacheroute.sandbox.demo.workload import DemoWorkload, demo_workload
+from cacheroute.sandbox.loadgen.schedule import Schedule
 
 Say = Callable[[str], None]
 ProgressFactory = Callable[[str, int], contextlib.AbstractContextManager[Progress]]
@@ -35,7 +36,9 @@ class DemoRun:
     kv_capacity_tokens: int = 0
     destination_ids: tuple[str, ...] = ()
     prediction: tuple[PhasePrediction, PhasePrediction] | None = None
-    pause_s: float = 0.0
+    warmups: list[PhaseResult] = field(default_factory=list)
+    # When each send (warm-up, p2c, warm-up, planned) began, in seconds after the first began.
+    offsets_s: tuple[float, ...] = ()
     tables: dict[str, list[list[str]]] = field(default_factory=dict)
     steps_s: dict[str, float] = field(default_factory=dict)
 
@@ -79,28 +82,36 @@ def run_demo(
     done("pool ready")
     metrics = PoolMetrics(sandbox.prometheus.url, settings.namespace, settings.pool)
 
-    first, second = run.workload.phases
-    say(f"phase 1, p2c (plan in Shadow): {len(first.requests)} requests over {settings.phase_s:.0f} s "
-        f"to the router at {routers[0]}")
-    with progress("p2c", len(first.requests)) as bar:
-        run.phases.append(run_phase("p2c", first, router=routers[0], model=model, metrics=metrics,
-                                    destinations=settings.destinations, progress=bar))
+
+    def send(name: str, schedule: Schedule) -> PhaseResult:
+        with progress(name, len(schedule.requests)) as bar:
+            return run_phase(name, schedule, router=routers[0], model=model, metrics=metrics,
+                             destinations=settings.destinations, progress=bar)
+
+    first, second = run.workload.rounds
+    say(f"p2c (plan in Shadow): {len(first.warmup.requests)} requests of warm-up over {settings.warmup_s:.0f} s, "
+        f"then {len(first.measured.requests)} measured over {settings.phase_s:.0f} s, to the router at {routers[0]}")
+    run.warmups.append(send("warm-up (p2c)", first.warmup))
+    run.phases.append(send("p2c", first.measured))
     done("phase p2c")
-    say("AffinityPlan mode Auto: the operator plans from the first phase's metrics, the guard replays, "
-        "the router loads the plan")
-    run.plan_object = switch_to_auto(api, settings, routers, window_s=time.time() - run.phases[0].started_at)
+    say("AffinityPlan mode Auto: the operator plans from the metrics of the p2c phase, the guard "
+        "replays the candidate, the router loads the plan")
+    run.plan_object = switch_to_auto(api, settings, routers, window_s=time.time() - run.warmups[0].started_at)
     run.plan = published_plan(api, settings)
     done("plan published")
-    say(f"phase 2, planned (plan {run.plan_object['status']['planVersion']}, "
-        f"{run.plan_object['status'].get('admittedKeys')} keys): {len(second.requests)} requests")
-    with progress("planned", len(second.requests)) as bar:
-        run.phases.append(run_phase("planned", second, router=routers[0], model=model, metrics=metrics,
-                                    destinations=settings.destinations, progress=bar))
+    status = run.plan_object["status"]
+    say(f"planned (plan {status['planVersion']}, {status.get('admittedKeys')} keys): the same slice again "
+        "(other text, same keys)")
+    run.warmups.append(send("warm-up (planned)", second.warmup))
+    run.phases.append(send("planned", second.measured))
     done("phase planned")
-    run.pause_s = run.phases[1].started_at - run.phases[0].started_at - run.workload.cut_s
+    sends = [run.warmups[0], run.phases[0], run.warmups[1], run.phases[1]]
+    run.offsets_s = tuple(p.started_at - sends[0].started_at for p in sends)
     say("replaying the same requests on the same fleet (shadow replay)")
-    run.prediction = predict(run.workload, run.plan, kv_capacity_tokens=run.kv_capacity_tokens,
-                             destination_ids=run.destination_ids, pause_s=run.pause_s)
+    schedules = [first.warmup, first.measured, second.warmup, second.measured]
+    run.prediction = predict(list(zip(schedules, run.offsets_s, strict=True)), run.plan,
+                             kv_capacity_tokens=run.kv_capacity_tokens, destination_ids=run.destination_ids,
+                             measured=(1, 3), switch=2)
     done("replay")
     for plural in ("inferencepools", "affinityplans"):
         run.tables[plural] = cluster.kubectl_get(api, settings.namespace, plural)

@@ -51,6 +51,6 @@ def test_the_planned_phase_serves_more_prompt_tokens_from_cache_than_p2c(
 
 
 def _rendered(run: DemoRun) -> str:
-    console = Console(width=160, file=io.StringIO())
-    console.print(report.render(run))
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    buffer = io.StringIO()
+    Console(width=160, file=buffer).print(report.render(run))
+    return buffer.getvalue()
