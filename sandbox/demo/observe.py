@@ -98,7 +98,8 @@ class PoolMetrics:
         """Counters as of now, once Prometheus holds a scrape of every pod taken after now."""
         now = time.time()
         self.await_scraped_after(now, destinations, timeout)
-        return self.counters(now + 0.001)
+        # Evaluated now, not at `now`: the latest sample of every series is the scrape after `now`.
+        return self.counters(time.time())
 
 
 def router_plan_version(address: str) -> str | None:

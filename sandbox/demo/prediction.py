@@ -2,10 +2,10 @@
 
 The replay gets the requests the load generator sent (both sendings of the slice, warm-ups
 included, with the pauses the loop took between them to settle counters and to plan), the pool's
-destinations with the KV capacity of its memory plan, the engine profile the emulators run, and the router's rule: every
-key by key-seeded p2c (an empty plan) until the planned phase, the plan the operator published
-from then on. Its served KV hit per
-phase is what the loop should measure if emulators, router and replay agree.
+destinations with the KV capacity of its memory plan, the engine profile the emulators run, and
+the router's rule: every key by key-seeded p2c (an empty plan) until the planned sending, the
+plan the operator published from then on. Its served KV hit per phase is what the loop should
+measure if emulators, router and replay agree.
 """
 
 from __future__ import annotations
