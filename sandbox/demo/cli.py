@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -107,7 +108,8 @@ def demo(  # noqa: PLR0917 - one parameter per option
     finally:
         say("sandbox down")
         sandbox.down(keep_files=keep)
-    Console().print(report.render(run))
+    # Piped (make, a log file), rich would wrap at 80 columns: the table is wider.
+    Console(width=None if sys.stdout.isatty() else 110).print(report.render(run))
     out.mkdir(parents=True, exist_ok=True)
     report.write_json(out / "loop.json", report.document(run))
     for phase in run.phases:

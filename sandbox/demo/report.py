@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from cacheroute.operator.files import write_with
 from cacheroute.sandbox.demo.phases import PhaseResult
 from cacheroute.sandbox.demo.run import DemoRun
 
@@ -169,7 +168,5 @@ def document(run: DemoRun) -> dict[str, Any]:
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(payload, indent=1, default=str) + "\n")
-    os.replace(staged, path)
+    text = json.dumps(payload, indent=1, default=str) + "\n"
+    write_with(path, lambda staged: staged.write_text(text, encoding="utf-8"))
