@@ -65,6 +65,12 @@ def demo(  # noqa: PLR0917 - one parameter per option
     except ValueError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
+    from cacheroute.sandbox.demo.settings import CHART, MANIFESTS
+
+    if not (CHART.is_dir() and MANIFESTS.is_dir()):
+        err.print(f"error: the demo installs the chart and applies the manifests of a checkout ({CHART}, "
+                  f"{MANIFESTS}): run it from a clone of the repository", markup=False, soft_wrap=True)
+        raise typer.Exit(2)
     if not isolated():
         err.print("error: the demo needs the sandbox's pod network: run it as "
                   "`cacheroute sandbox isolate -- cacheroute sandbox demo` (make demo does)", markup=False)
