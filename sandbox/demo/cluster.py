@@ -168,8 +168,6 @@ def demo_manifests(settings: DemoSettings) -> list[dict[str, Any]]:
             if doc["kind"] == "InferencePool":
                 doc["metadata"]["name"] = settings.pool
                 doc["spec"]["replicas"] = settings.destinations
-                if settings.kv_cache_memory_bytes is not None:
-                    doc["spec"]["memory"]["kvCacheMemoryBytes"] = settings.kv_cache_memory_bytes
             elif doc["kind"] == "AffinityPlan":
                 doc["metadata"]["name"] = settings.plan
                 doc["spec"]["poolRef"]["name"] = settings.pool
