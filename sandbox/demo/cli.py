@@ -63,7 +63,7 @@ def demo(  # noqa: PLR0917 - one parameter per option
             settings = replace(settings, nodes=-(-settings.destinations // 4))
         workload = demo_workload(settings)
     except ValueError as exc:
-        err.print(f"error: {exc}", markup=False)
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     from cacheroute.sandbox.demo.settings import CHART, MANIFESTS
 
@@ -73,10 +73,11 @@ def demo(  # noqa: PLR0917 - one parameter per option
         raise typer.Exit(2)
     if not isolated():
         err.print("error: the demo needs the sandbox's pod network: run it as "
-                  "`cacheroute sandbox isolate -- cacheroute sandbox demo` (make demo does)", markup=False)
+                  "`cacheroute sandbox isolate -- cacheroute sandbox demo` (make demo does)",
+                  markup=False, soft_wrap=True)
         raise typer.Exit(2)
     if out.exists() and not out.is_dir():
-        err.print(f"error: --out {out}: not a folder", markup=False)
+        err.print(f"error: --out {out}: not a folder", markup=False, soft_wrap=True)
         raise typer.Exit(2)
 
     started = time.monotonic()
