@@ -28,9 +28,11 @@ from tests.support.operator import Pools, until
 
 pytestmark = pytest.mark.integration
 
-RELEASE = "cacheroute"
-OPERATOR = "cacheroute-operator"  # <release>-operator: the release name holds the chart's name
-OPERATOR_PODS = "app.kubernetes.io/instance=cacheroute,app.kubernetes.io/component=operator"
+# Not `cacheroute`: the operator tests' own identity is the cluster-scoped ClusterRole
+# `cacheroute-operator`, which a release of that name would collide with.
+RELEASE = "chart-test"
+OPERATOR = "chart-test-cacheroute-operator"  # <release>-<chart>-operator
+OPERATOR_PODS = "app.kubernetes.io/instance=chart-test,app.kubernetes.io/component=operator"
 OUR_CRDS = ("inferencepools.cacheroute.dev", "affinityplans.cacheroute.dev")
 
 
@@ -61,6 +63,8 @@ def install_values(namespace: str, prometheus_url: str) -> dict[str, Any]:
 def installed(sandbox: Sandbox) -> Iterator[Installed]:
     api = sandbox.api_client()
     gie = gie_inferencepool_crd()
+    # Another test may have just deleted it: a CRD being deleted cannot be created again yet.
+    until(lambda: not _terminating_crd(api, gie["metadata"]["name"]), "the GIE CRD's earlier deletion", timeout=60)
     apply_crds(api, [gie])
     with testing.fresh_namespace(sandbox, "chart-install", pod_runtime=True) as namespace:
         # Earlier tests of the session may have applied crds/ by hand: the release adopts them.
@@ -88,6 +92,16 @@ def installed(sandbox: Sandbox) -> Iterator[Installed]:
                 client.ApiextensionsV1Api(api).delete_custom_resource_definition(gie["metadata"]["name"])
 
 
+def _terminating_crd(api: Any, name: str) -> bool:
+    try:
+        crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return crd.metadata.deletion_timestamp is not None
+
+
 def operator_pods(api: Any, namespace: str) -> list[Any]:
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=OPERATOR_PODS).items
     return [p for p in pods if p.metadata.deletion_timestamp is None]
@@ -99,7 +113,7 @@ def is_ready(pod: Any) -> bool:
 
 def test_install_runs_two_operators_under_the_charts_identity(installed: Installed, kube_api: Any) -> None:
     ns = installed.namespace
-    assert "kubectl -n" in installed.notes[0] and "rollout status deployment/cacheroute-operator" in installed.notes[0]
+    assert f"kubectl -n {ns} rollout status deployment/{OPERATOR}" in installed.notes[0]
     deployment = client.AppsV1Api(kube_api).read_namespaced_deployment(OPERATOR, ns)
     assert deployment.status.ready_replicas == 2
     pods = operator_pods(kube_api, ns)
