@@ -48,8 +48,10 @@ chart: crds
 
 bench: $(STAMP) sandbox-deps
 	@mkdir -p bench-results
-	@# The router bench's Go load generator is built first, while the module proxy is reachable.
+	@# The router bench's Go load generator and the control bench's promtool are built first, while
+	@# the module proxy is reachable.
 	$(PY) -c "from tests.bench.bench_router import loadgen_binary; loadgen_binary()"
+	$(PY) -m cacheroute.sandbox.binaries ensure promtool
 	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(ISOLATE) $(PY) -m tests.bench.$$(basename $$b .py); done
 
 ## Shadow replay of the paper's workload on 30 modelled H100 destinations: table, JSON and plots in demo/.

@@ -65,6 +65,12 @@ class GuardSpec(ApiModel):
     enabled: bool = Field(default=True, description="Replay each candidate before applying it.")
     p99_ttft: Duration = Field(default="3.5s", description="Service-level objective on p99 time to first token.")
     min_kv_hit_gain: float = Field(default=0.0, ge=-1, le=1, description="Required gain in served KV hit over p2c.")
+    replay_duration: Duration = Field(
+        default="2m",
+        description=(
+            "Traffic replayed per verdict, synthesised from the window's statistics; the first half warms caches."
+        ),
+    )
 
 
 class PinnedRoute(ApiModel):
@@ -117,12 +123,22 @@ class AffinityPlanSpec(ApiModel):
 
 
 class AffinityPlanStatus(ApiModel):
+    """What the control loop last did. The figures describe the plan in effect (Auto, Manual) or
+    the plan Shadow would apply; `candidateVersion` is the last plan computed, applied or not."""
+
     observed_generation: int | None = Field(default=None, ge=0)
-    plan_version: str | None = Field(default=None, max_length=64)
+    plan_version: str | None = Field(default=None, max_length=64, description="Version of the plan in effect.")
     applied_at: datetime | None = None
+    candidate_version: str | None = Field(default=None, max_length=64, description="Version of the last candidate.")
+    last_period_time: datetime | None = Field(
+        default=None, description="When the last control period read its metrics window."
+    )
     admitted_keys: int | None = Field(default=None, ge=0)
     covered_request_share: float | None = Field(default=None, ge=0, le=1)
     churn: float | None = Field(default=None, ge=0, le=1)
+    forced_churn: float | None = Field(
+        default=None, ge=0, le=1, description="Part of churn forced by destinations that left or lost room."
+    )
     predicted_kv_hit: float | None = Field(default=None, ge=0, le=1)
     observed_kv_hit: float | None = Field(default=None, ge=0, le=1)
     predicted_p99_ttft_seconds: float | None = Field(default=None, ge=0)
