@@ -7,6 +7,7 @@ server as a server-side dry run with strict field validation (schemas, admission
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cacheroute.operator.api.pool import InferencePool
+from cacheroute.operator.chart.values import ChartValues
 from cacheroute.operator.cli.main import app
 from cacheroute.operator.config import OperatorConfig, load_config
 from cacheroute.operator.fleet import names
@@ -101,6 +103,22 @@ def dry_run_namespace(sandbox: Sandbox) -> Iterator[str]:
 @pytest.mark.parametrize("switch", list(SWITCHES))
 def test_lint_passes_with_every_switch(helm: Helm, switch: str) -> None:
     helm.lint(with_namespace(SWITCHES[switch], "llm"))
+
+
+def _default(path: str) -> Any:
+    value: Any = ChartValues().model_dump(by_alias=True)
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
+def test_every_documented_switch_is_linted_and_dry_run_both_ways() -> None:
+    """Each boolean of docs/install.md's values table is turned from its default by some case above."""
+    documented = re.findall(r"^\| `([\w.]+)` \| boolean \|", (REPO / "docs" / "install.md").read_text(), re.MULTILINE)
+    assert len(documented) >= 10
+    untested = [path for path in documented
+                if all(values.get(path, _default(path)) == _default(path) for values in SWITCHES.values())]
+    assert untested == [], "add a case to SWITCHES"
 
 
 @pytest.mark.parametrize("values_file", CI_FILES, ids=[p.name for p in CI_FILES])

@@ -58,3 +58,13 @@ def test_the_image_installs_every_package_folder_and_runs_unprivileged() -> None
     [user] = re.findall(r"^USER (\S+)$", dockerfile, flags=re.MULTILINE)
     assert all(part.isdigit() and int(part) != 0 for part in user.split(":"))
     assert re.search(r'^ENTRYPOINT \["cacheroute"\]$', dockerfile, flags=re.MULTILINE)
+
+
+def test_the_paths_the_docs_and_the_charts_notes_name_exist() -> None:
+    """A user copies these commands: every `examples/...`, `helm/...` or `docs/...` path they name is there."""
+    sources = [CHART / "templates" / "NOTES.txt", REPO / "README.md", REPO / "examples" / "README.md",
+               *(REPO / "docs" / name for name in ("install.md", "operations.md", "crds.md"))]
+    named = {(source.name, path.rstrip(".")) for source in sources
+             for path in re.findall(r"(?<![\w/.])(?:examples|helm|docs)/[\w./-]*[\w/]", source.read_text())}
+    missing = sorted(f"{source}: {path}" for source, path in named if not (REPO / path).exists())
+    assert missing == []

@@ -97,6 +97,19 @@ def test_a_period_is_due_one_control_period_after_the_last_one_recorded() -> Non
     assert lp.seconds_until_due(body("2026-01-01T00:00:00Z", generation=2, period="1h")) == 0
 
 
+def test_a_plan_waiting_for_its_pool_or_for_traffic_is_retried_soon() -> None:
+    t = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    lp = loop(Clock(t + 20))
+    for reason in ("PoolNotReady", "PoolNotFound", "NoTraffic"):
+        waiting = body("2026-01-01T00:00:00Z", period="5m")
+        waiting["status"]["conditions"] = [{"type": "Planned", "status": "False", "reason": reason}]
+        # Retried 15 s after the last period, not 5 minutes later.
+        assert lp.seconds_until_due(waiting) == 0, reason
+    planned = body("2026-01-01T00:00:00Z", period="5m")
+    planned["status"]["conditions"] = [{"type": "Planned", "status": "True", "reason": "PlanComputed"}]
+    assert lp.seconds_until_due(planned) == pytest.approx(280)
+
+
 def test_metric_series_of_a_deleted_plan_go_away() -> None:
     m = PlanMetrics("ns-metrics", "gone")
     m.in_effect("p", "v1", 10)
