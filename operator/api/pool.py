@@ -70,6 +70,15 @@ class GpuSpec(ApiModel):
     memory_gib: float = Field(default=80.0, gt=0, le=1024)
     resource_name: str = Field(default="nvidia.com/gpu", min_length=1, max_length=253)
     count_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on one node of this product.")
+    node_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=65536,
+        description=(
+            "Allocatable memory of one node of this product, for memory.hostKvCacheGib auto; "
+            "when unset, the operator reads it from the nodes of the product."
+        ),
+    )
 
 
 class MemorySpec(ApiModel):
@@ -88,6 +97,23 @@ class MemorySpec(ApiModel):
     )
     safety_margin_gib: float = Field(default=1.0, ge=0, le=64, description="Memory kept free above the predicted peak.")
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1, description="Required in Manual mode.")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto",
+        description="KV cache entries: auto (the model's dtype) or fp8 (--kv-cache-dtype fp8, half the bytes per token).",
+    )
+    host_kv_cache_gib: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
+        default="auto",
+        description=(
+            "Host-memory KV tier of each replica in GiB (vLLM's native KV offloading; 0 turns it off), or auto: "
+            "the replica's share of the node's allocatable memory minus hostMemoryReserveGib per GPU."
+        ),
+    )
+    host_memory_reserve_gib: float = Field(
+        default=32.0,
+        ge=0,
+        le=4096,
+        description="Host memory kept per GPU for the engine's own processes when hostKvCacheGib is auto.",
+    )
 
 
 class RouterSpec(ApiModel):
@@ -160,6 +186,10 @@ class MemoryPlanStatus(ApiModel):
     max_model_len: int = Field(ge=0)
     max_num_seqs: int = Field(ge=0)
     kv_capacity_tokens: int = Field(ge=0)
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    host_kv_cache_bytes: int = Field(default=0, ge=0)
+    host_kv_capacity_tokens: int = Field(default=0, ge=0)
+    pod_memory_bytes: int = Field(default=0, ge=0)
     source: Literal["Profiled", "Analytic", "Manual"]
     inputs: dict[str, str] = Field(default_factory=dict)
 
