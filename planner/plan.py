@@ -35,12 +35,14 @@ def affinity_key_hash(key: str) -> int:
 
 @dataclass(frozen=True)
 class Destination:
-    """One vLLM replica: stable id `<pool>-<ordinal>`, address `ip:port`."""
+    """One vLLM replica: stable id `<pool>-<ordinal>`, address `ip:port`; KV tokens it holds on its
+    GPUs and in its host-memory tier (0: none)."""
 
     id: str
     address: str = ""
     weight: float = 1.0
     kv_capacity_tokens: int = 0
+    host_kv_capacity_tokens: int = 0
 
 
 @dataclass(frozen=True)

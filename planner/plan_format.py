@@ -108,15 +108,22 @@ def _decode_shard(
     return keys, counts, dests
 
 
+def _destination(d: Destination) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": d.id, "address": d.address, "weight": d.weight, "kvCapacityTokens": d.kv_capacity_tokens
+    }
+    if d.host_kv_capacity_tokens:
+        # Only when there is a host tier, so plans of pools without one keep their version hash.
+        out["hostKvCapacityTokens"] = d.host_kv_capacity_tokens
+    return out
+
+
 def _header_body(plan: Plan) -> dict[str, Any]:
     s = plan.summary
     return {
         "schema": PLAN_SCHEMA,
         "pool": plan.pool,
-        "destinations": [
-            {"id": d.id, "address": d.address, "weight": d.weight, "kvCapacityTokens": d.kv_capacity_tokens}
-            for d in plan.destinations
-        ],
+        "destinations": [_destination(d) for d in plan.destinations],
         "spillThreshold": plan.spill_threshold,
         "keyExtraction": {
             "header": plan.key_extraction.header,
@@ -224,7 +231,8 @@ def decode_plan(files: Mapping[str, bytes]) -> Plan:
         return Plan(
             pool=header["pool"],
             destinations=tuple(
-                Destination(d["id"], d["address"], float(d["weight"]), int(d["kvCapacityTokens"]))
+                Destination(d["id"], d["address"], float(d["weight"]), int(d["kvCapacityTokens"]),
+                            int(d.get("hostKvCapacityTokens", 0)))
                 for d in header["destinations"]
             ),
             route_keys=np.concatenate(keys_parts) if keys_parts else np.zeros(0, np.uint64),

@@ -99,7 +99,7 @@ class MemorySpec(ApiModel):
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1, description="Required in Manual mode.")
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         default="auto",
-        description="KV cache entries: auto (the model's dtype) or fp8 (--kv-cache-dtype fp8, half the bytes per token).",
+        description="KV cache entries: auto (the model's dtype) or fp8 (--kv-cache-dtype fp8: half the bytes).",
     )
     host_kv_cache_gib: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
         default="auto",

@@ -126,7 +126,9 @@ class EngineProfile:
         if self.host_kv_capacity_tokens < 0 or self.kv_bytes_per_token_per_gpu < 0 or self.host_link_bytes_per_s < 0:
             raise ValueError(f"profile {self.name}: host tier figures must not be negative")
         if self.host_kv_capacity_tokens and not (self.kv_bytes_per_token_per_gpu and self.host_link_bytes_per_s):
-            raise ValueError(f"profile {self.name}: a host KV tier needs the KV bytes per token and the host link bandwidth")
+            raise ValueError(
+                f"profile {self.name}: a host KV tier needs the KV bytes per token and the host link bandwidth"
+            )
 
     @property
     def host_copy_s_per_token(self) -> float:
