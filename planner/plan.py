@@ -74,7 +74,9 @@ class Plan:
 
     `route_keys` is sorted and unique; the destinations of `route_keys[i]` are
     `route_dests[route_offsets[i]:route_offsets[i + 1]]`, indexes into `destinations`, in
-    preference order.
+    preference order. `pinned_keys` (sorted, a subset of `route_keys`) are the routes someone
+    pinned: the router keeps them to their entry, where it adds a computed route's ring
+    candidates (`routing.key_candidates`).
     """
 
     pool: str
@@ -86,6 +88,7 @@ class Plan:
     spill_threshold: float = DEFAULT_SPILL_THRESHOLD
     key_extraction: KeyExtraction = field(default_factory=KeyExtraction)
     summary: PlanSummary = field(default_factory=PlanSummary)
+    pinned_keys: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def __post_init__(self) -> None:
         n = len(self.route_keys)
@@ -102,6 +105,13 @@ class Plan:
         ids = [d.id for d in self.destinations]
         if len(set(ids)) != len(ids):
             raise PlanError("destination ids must be unique")
+        pinned = self.pinned_keys
+        if len(pinned):
+            if len(pinned) > 1 and not bool(np.all(pinned[1:] > pinned[:-1])):
+                raise PlanError("pinned keys must be sorted and unique")
+            pos = np.minimum(np.searchsorted(self.route_keys, pinned), max(n - 1, 0))
+            if not n or not bool(np.all(self.route_keys[pos] == pinned)):
+                raise PlanError("a pinned key has no route")
 
     def __len__(self) -> int:
         return len(self.route_keys)

@@ -141,7 +141,10 @@ def _header_body(plan: Plan) -> dict[str, Any]:
             "reason": s.reason,
         },
         "routeCount": len(plan),
-    }
+    } | (
+        # Only when some are, so plans without pinned routes keep their version hash.
+        {"pinnedKeys": [f"{k:016x}" for k in plan.pinned_keys.tolist()]} if len(plan.pinned_keys) else {}
+    )
 
 
 def _canonical(obj: Any) -> bytes:
@@ -240,6 +243,7 @@ def decode_plan(files: Mapping[str, bytes]) -> Plan:
             route_dests=np.concatenate(dest_parts) if dest_parts else np.zeros(0, np.uint16),
             generated_at=header.get("generatedAt", ""),
             spill_threshold=float(header["spillThreshold"]),
+            pinned_keys=np.array([int(k, 16) for k in header.get("pinnedKeys", [])], dtype=np.uint64),
             key_extraction=KeyExtraction(
                 ke["header"], ke["bodyField"], ke["sessionHeader"], int(ke["promptPrefixChars"])
             ),

@@ -170,15 +170,18 @@ class RoutingRule(Generic[D]):
         *,
         follow: D | None = None,
         follow_gain: float = 0.0,
+        pinned: bool = False,
     ) -> tuple[str, D]:
         """The outcome (one of `OUTCOMES`) and destination of one request.
 
         `planned` is the key's plan entry (None: the key is not planned), `usable` the destinations
         that may take the request (at least one), `is_usable` tells whether a destination of the
         plan entry, a ring candidate or `follow` is among them (None: all of them are). `follow`
-        is where the caller's memory says most of this prompt was sent before (None: nowhere).
+        is where the caller's memory says most of this prompt was sent before (None: nowhere), and
+        `follow_gain` what the request weighs less there, in load units. A `pinned` plan entry
+        is taken as it is, without the key's ring candidates.
         """
-        outcome, chosen = self._choose(key_hash, planned, usable, is_usable)
+        outcome, chosen = self._choose(key_hash, planned, usable, is_usable, pinned)
         if (
             follow is not None
             and follow != chosen
@@ -195,11 +198,12 @@ class RoutingRule(Generic[D]):
         planned: Sequence[D] | None,
         usable: Sequence[D],
         is_usable: Callable[[D], bool] | None,
+        pinned: bool,
     ) -> tuple[str, D]:
         if key_hash is not None:
             ring = self._key_candidates
             if planned is not None:
-                if ring is not None and self.widen_planned:
+                if ring is not None and self.widen_planned and not pinned:
                     planned = key_candidates(planned, ring(key_hash))
                 best = self.least_loaded(planned, key_hash, is_usable)
                 if best is None:

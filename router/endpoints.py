@@ -21,6 +21,8 @@ class Endpoint:
         "address",
         "destination",
         "in_flight",
+        "in_flight_tokens",
+        "index",
         "member_ready",
         "ready",
         "running",
@@ -29,11 +31,15 @@ class Endpoint:
         "waiting",
     )
 
-    def __init__(self, address: str, destination: str = "") -> None:
+    def __init__(self, address: str, destination: str = "", index: int = 0) -> None:
         self.address = address
         self.destination = destination
-        # Requests this router sent there and that have not finished yet.
+        # A number no other endpoint of the pool has had (the prefix memory names endpoints by it).
+        self.index = index
+        # Requests this router sent there and that have not finished yet, and the prompt tokens
+        # they brought that the endpoint was not expected to hold (token-aware load).
         self.in_flight = 0
+        self.in_flight_tokens = 0
         # Queue depth and batch size reported by the engine's /metrics.
         self.waiting = 0
         self.running = 0
@@ -69,10 +75,14 @@ class EndpointPool:
         self._plan: tuple[Destination, ...] = ()
         self._slices: dict[str, SliceEndpoint] | None = None
         self.by_address: dict[str, Endpoint] = {}
+        self.by_index: dict[int, Endpoint] = {}
+        self._next_index = 0
         self.ready: tuple[Endpoint, ...] = ()
         # Totals over `ready`, kept incrementally so the mean load is O(1) per decision.
         self.in_flight_ready = 0
         self.waiting_ready = 0
+        self.tokens_ready = 0
+        self._gone: list[Callable[[Endpoint], None]] = []
         self._listeners: list[Callable[[], None]] = []
 
     # --- membership -------------------------------------------------------------------------------
@@ -80,6 +90,10 @@ class EndpointPool:
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` after every membership change (not after load or readiness changes)."""
         self._listeners.append(listener)
+
+    def on_removed(self, listener: Callable[[Endpoint], None]) -> None:
+        """Call `listener` with every endpoint that leaves the pool."""
+        self._gone.append(listener)
 
     def set_static(self, addresses: Iterable[str]) -> None:
         self._static = tuple(addresses)
@@ -123,11 +137,16 @@ class EndpointPool:
         for address in list(self.by_address):
             if address not in wanted:
                 gone = self.by_address.pop(address)
+                del self.by_index[gone.index]
                 self._set_ready(gone, False)
+                for removed in self._gone:
+                    removed(gone)
         for address, dest_id in wanted.items():
             endpoint = self.by_address.get(address)
             if endpoint is None:
-                endpoint = self.by_address[address] = Endpoint(address, dest_id)
+                endpoint = self.by_address[address] = Endpoint(address, dest_id, self._next_index)
+                self.by_index[self._next_index] = endpoint
+                self._next_index += 1
             elif dest_id:
                 endpoint.destination = dest_id
             endpoint.member_ready = self._member_ready(address)
@@ -161,6 +180,7 @@ class EndpointPool:
         sign = 1 if ready else -1
         self.in_flight_ready += sign * endpoint.in_flight
         self.waiting_ready += sign * endpoint.waiting
+        self.tokens_ready += sign * endpoint.in_flight_tokens
         endpoint.ready = ready
         return True
 
@@ -181,15 +201,21 @@ class EndpointPool:
         if self._set_ready(endpoint, self._should_be_ready(endpoint)):
             self._refresh_ready_tuple()
 
-    def acquire(self, endpoint: Endpoint) -> None:
+    def acquire(self, endpoint: Endpoint, tokens: int = 0) -> None:
+        """A request (bringing `tokens` prompt tokens to compute) was sent to `endpoint`."""
         endpoint.in_flight += 1
+        endpoint.in_flight_tokens += tokens
         if endpoint.ready:
             self.in_flight_ready += 1
+            self.tokens_ready += tokens
 
-    def release(self, endpoint: Endpoint) -> None:
+    def release(self, endpoint: Endpoint, tokens: int = 0) -> None:
+        """The request `acquire` counted ended."""
         endpoint.in_flight -= 1
+        endpoint.in_flight_tokens -= tokens
         if endpoint.ready:
             self.in_flight_ready -= 1
+            self.tokens_ready -= tokens
 
     def mean_load(self) -> float:
         n = len(self.ready)

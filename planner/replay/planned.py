@@ -162,6 +162,7 @@ class Planned(Policy):
         up to those that can be in the plan (the keys of the window it was built from);
         `key_seeded` overrides the policy's way of routing unplanned keys."""
         self._routes = {}
+        self._pinned: set[int] = set()
         seeded = self.unplanned == "key-p2c" if key_seeded is None else key_seeded
         self._rule = RoutingRule(
             self._loads,
@@ -195,6 +196,10 @@ class Planned(Policy):
         routes = self._routes
         for k, p in zip(cand[hit].tolist(), pos[hit].tolist(), strict=True):
             routes[k] = tuple(dests[offs[p] : offs[p + 1]].tolist())
+        if len(plan.pinned_keys):
+            pinned = set(plan.pinned_keys.tolist())
+            keys = plan.route_keys.tolist()
+            self._pinned = {k for k, p in zip(cand[hit].tolist(), pos[hit].tolist(), strict=True) if keys[p] in pinned}
 
     def route(self, i: int, now: float) -> int:
         view = self.view
@@ -219,7 +224,8 @@ class Planned(Policy):
             outcome, d = self._rule.choose(None, None, self._usable, follow=follow, follow_gain=gain)
         else:
             outcome, d = self._rule.choose(
-                self._hash_list[k], self._routes.get(k), self._usable, follow=follow, follow_gain=gain
+                self._hash_list[k], self._routes.get(k), self._usable, follow=follow, follow_gain=gain,
+                pinned=k in self._pinned,
             )
         if outcome == PLANNED:
             self.planned_requests += 1
