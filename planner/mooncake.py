@@ -13,6 +13,7 @@ Parsing is pure (`parse_mooncake_lines` takes lines); `read_mooncake` is the thi
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,6 +23,10 @@ import numpy.typing as npt
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 
 MOONCAKE_BLOCK_SIZE = 512
+# Bounds of believable trace fields: about 30 years in milliseconds, a 10M-token request.
+MAX_TIMESTAMP_MS = 1e12
+MAX_TOKENS = 10_000_000
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 class TraceFormatError(ValueError):
@@ -43,11 +48,21 @@ def parse_key_spec(spec: str) -> tuple[str, int]:
     raise ValueError(f"key {spec!r} is not one of: first-blocks:K (K >= 1), thread, none")
 
 
-def _field_int(obj: dict[str, object], name: str, where: str, minimum: int) -> int:
+def _field_int(obj: dict[str, object], name: str, where: str, minimum: int, maximum: int = MAX_TOKENS) -> int:
     v = obj.get(name)
-    if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or int(v) < minimum:
-        raise TraceFormatError(f"{where}: field {name!r} must be an integer >= {minimum}, got {v!r}")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or not math.isfinite(v)
+        or v != int(v)
+        or not minimum <= int(v) <= maximum
+    ):
+        raise TraceFormatError(f"{where}: field {name!r} must be an integer in [{minimum}, {maximum}], got {v!r}")
     return int(v)
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def parse_mooncake_lines(
@@ -69,19 +84,24 @@ def parse_mooncake_lines(
             continue
         where = f"{name} line {lineno}"
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:
             raise TraceFormatError(f"{where}: not JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # NaN/Infinity, integers of thousands of digits, deep nesting
+            raise TraceFormatError(f"{where}: not a usable JSON object ({exc or type(exc).__name__})") from None
         if not isinstance(obj, dict):
             raise TraceFormatError(f"{where}: expected a JSON object")
         t = obj.get("timestamp")
-        if isinstance(t, bool) or not isinstance(t, int | float) or t < 0:
-            raise TraceFormatError(f"{where}: field 'timestamp' must be a number >= 0, got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= MAX_TIMESTAMP_MS:
+            raise TraceFormatError(
+                f"{where}: field 'timestamp' must be a number of milliseconds in [0, {MAX_TIMESTAMP_MS:g}], got {t!r}"
+            )
         n_in = _field_int(obj, "input_length", where, 1)
         n_out = _field_int(obj, "output_length", where, 0)
         h = obj.get("hash_ids")
-        if not isinstance(h, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in h):
-            raise TraceFormatError(f"{where}: field 'hash_ids' must be a list of integers")
+        lo, hi = _INT64
+        if not isinstance(h, list) or not all(type(x) is int and lo <= x <= hi for x in h):
+            raise TraceFormatError(f"{where}: field 'hash_ids' must be a list of 64-bit integers")
         expected = -(-n_in // block_size)
         if len(h) != expected:
             raise TraceFormatError(

@@ -24,6 +24,8 @@ import gzip
 import hashlib
 import json
 import math
+import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +34,16 @@ import numpy as np
 import numpy.typing as npt
 
 from cacheroute.planner.plan import (
+    MAX_DESTINATIONS,
+    MAX_DESTINATIONS_PER_ROUTE,
+    MAX_ROUTES,
     PLAN_SCHEMA,
     Destination,
     KeyExtraction,
     Plan,
     PlanError,
     PlanSummary,
+    validate_plan,
 )
 
 HEADER_FILE = "plan.json.gz"
@@ -186,81 +192,277 @@ def encode_plan(plan: Plan, max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES) ->
     return PlanPayload(version=version, files=files, configmaps={k: tuple(v) for k, v in configmaps.items()})
 
 
-def _gunzip(data: bytes, name: str) -> bytes:
+def _gunzip(data: bytes, name: str, limit: int) -> bytes:
+    """Inflate one gzip member, stopping as soon as the output would pass `limit` bytes.
+
+    Inflating incrementally is what bounds a router's memory: a few kilobytes of gzip can
+    expand to gigabytes, and nothing past the limit is ever produced.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise PlanError(f"{name}: expected bytes, got {type(data).__name__}")
+    if len(data) > max_compressed_bytes(limit):
+        raise PlanError(f"{name}: {len(data):,} bytes of gzip for at most {limit:,} bytes of content")
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     try:
-        return gzip.decompress(data)
-    except (OSError, EOFError) as exc:
-        raise PlanError(f"{name}: not valid gzip ({exc})") from exc
+        raw = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise PlanError(f"{name}: not valid gzip ({exc})") from None
+    if len(raw) > limit:
+        raise PlanError(f"{name}: inflates past the limit of {limit:,} bytes")
+    if not inflater.eof:
+        raise PlanError(f"{name}: gzip stream ends early (truncated)")
+    if inflater.unused_data:
+        raise PlanError(f"{name}: {len(inflater.unused_data):,} bytes after the gzip stream")
+    return raw
+
+
+def max_shard_bytes(routes: int) -> int:
+    """Largest raw shard of `routes` routes: head, key deltas, counts, destination indexes."""
+    return _SHARD_HEAD + routes * (8 + 1 + 2 * MAX_DESTINATIONS_PER_ROUTE)
+
+
+def max_compressed_bytes(limit: int) -> int:
+    """Largest gzip of `limit` bytes of content (stored blocks cost 5 bytes per 64 KiB, plus framing)."""
+    return limit + limit // 1000 + 1024
+
+
+# The inflated-size limit of a payload, derived from the route cap: the header, plus the largest
+# shards MAX_ROUTES routes of MAX_DESTINATIONS_PER_ROUTE destinations each can take.
+MAX_HEADER_BYTES = 4 * 1024 * 1024
+MAX_SHARDS = 256
+_SHARD_HEAD = 12
+MAX_INFLATED_BYTES = MAX_HEADER_BYTES + MAX_SHARDS * _SHARD_HEAD + max_shard_bytes(MAX_ROUTES) - _SHARD_HEAD
+MAX_PAYLOAD_BYTES = max_compressed_bytes(MAX_INFLATED_BYTES)
+_SHARD_NAME = re.compile(r"^routes-\d{4}\.bin\.gz$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_VERSION = re.compile(r"^[0-9a-f]{16}$")
+_KEY_HASH = _VERSION
+
+
+def _reject_constant(name: str) -> None:
+    raise PlanError(f"{HEADER_FILE}: {name} is not a JSON number")
 
 
 def read_header(files: Mapping[str, bytes]) -> dict[str, Any]:
-    """The decoded header, validated for schema; raises PlanError."""
+    """The decoded header, checked for size, encoding and schema; raises PlanError."""
     if HEADER_FILE not in files:
         raise PlanError(f"{HEADER_FILE} is missing")
+    raw = _gunzip(files[HEADER_FILE], HEADER_FILE, MAX_HEADER_BYTES)
     try:
-        header = json.loads(_gunzip(files[HEADER_FILE], HEADER_FILE))
+        header = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"{HEADER_FILE}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise PlanError(f"{HEADER_FILE}: nested too deeply") from None
     except json.JSONDecodeError as exc:
-        raise PlanError(f"{HEADER_FILE}: not JSON ({exc})") from exc
+        raise PlanError(f"{HEADER_FILE}: not JSON ({exc})") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise PlanError(f"{HEADER_FILE}: not a usable JSON document ({exc})") from None
     if not isinstance(header, dict) or header.get("schema") != PLAN_SCHEMA:
         got = header.get("schema") if isinstance(header, dict) else type(header).__name__
         raise PlanError(f"{HEADER_FILE}: schema {got!r} is not {PLAN_SCHEMA!r}")
+    version = header.get("version")
+    if not isinstance(version, str) or not _VERSION.match(version):
+        raise PlanError(f"{HEADER_FILE}: version {version!r} is not 16 hex digits")
     return header
 
 
-def decode_plan(files: Mapping[str, bytes]) -> Plan:
-    """Decode and verify a plan payload (all files of all its ConfigMaps); raises PlanError."""
-    header = read_header(files)
-    try:
-        body = {k: v for k, v in header.items() if k not in ("version", "generatedAt")}
-        if hashlib.sha256(_canonical(body)).hexdigest()[:16] != header["version"]:
-            raise PlanError("header does not match its version hash")
-        keys_parts, count_parts, dest_parts = [], [], []
-        for shard in header["shards"]:
-            name = shard["file"]
-            if name not in files:
-                raise PlanError(f"shard {name} is missing (expected in ConfigMap {shard['configMap']})")
-            raw = _gunzip(files[name], name)
-            if hashlib.sha256(raw).hexdigest() != shard["sha256"]:
-                raise PlanError(f"shard {name} does not belong to plan version {header['version']}")
-            k, c, d = _decode_shard(raw, name)
-            keys_parts.append(k)
-            count_parts.append(c)
-            dest_parts.append(d)
-        counts = np.concatenate(count_parts) if count_parts else np.zeros(0, np.int64)
-        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        ke = header["keyExtraction"]
-        sm = header["summary"]
-        return Plan(
-            pool=header["pool"],
-            destinations=tuple(
-                Destination(d["id"], d["address"], float(d["weight"]), int(d["kvCapacityTokens"]),
-                            int(d.get("hostKvCapacityTokens", 0)))
-                for d in header["destinations"]
-            ),
-            route_keys=np.concatenate(keys_parts) if keys_parts else np.zeros(0, np.uint64),
-            route_offsets=offsets,
-            route_dests=np.concatenate(dest_parts) if dest_parts else np.zeros(0, np.uint16),
-            generated_at=header.get("generatedAt", ""),
-            spill_threshold=float(header["spillThreshold"]),
-            pinned_keys=np.array([int(k, 16) for k in header.get("pinnedKeys", [])], dtype=np.uint64),
-            key_extraction=KeyExtraction(
-                ke["header"], ke["bodyField"], ke["sessionHeader"], int(ke["promptPrefixChars"])
-            ),
-            summary=PlanSummary(
-                admitted_keys=int(sm["admittedKeys"]),
-                admitted_request_share=float(sm["admittedRequestShare"]),
-                admitted_token_share=float(sm["admittedTokenShare"]),
-                churn=float(sm["churn"]),
-                predicted_load={str(k): float(v) for k, v in sm["predictedLoad"].items()},
-                predicted_kv_hit=sm["predictedKvHit"],
-                reason=str(sm["reason"]),
-            ),
+class _Fields:
+    """Typed access to one JSON object of the header; errors name the field's path."""
+
+    def __init__(self, obj: object, where: str) -> None:
+        if not isinstance(obj, dict):
+            raise PlanError(f"{where} must be an object, got {type(obj).__name__}")
+        self.obj = obj
+        self.where = where
+
+    def _get(self, key: str, optional: bool) -> object:
+        if key not in self.obj:
+            if optional:
+                return None
+            raise PlanError(f"{self.where}.{key} is missing")
+        return self.obj[key]
+
+    def text(self, key: str, *, optional: bool = False) -> str | None:
+        value = self._get(key, optional)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise PlanError(f"{self.where}.{key} must be a string, got {_show(value)}")
+        return value
+
+    def integer(self, key: str) -> int:
+        value = self._get(key, False)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PlanError(f"{self.where}.{key} must be an integer, got {_show(value)}")
+        return value
+
+    def number(self, key: str, *, optional: bool = False) -> float | None:
+        value = self._get(key, optional)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PlanError(f"{self.where}.{key} must be a number, got {_show(value)}")
+        x = float(value)
+        if not math.isfinite(x):
+            raise PlanError(f"{self.where}.{key} is {_show(value)}: not a finite number")
+        return x
+
+    def items(self, key: str, limit: int) -> list[Any]:
+        value = self._get(key, False)
+        if not isinstance(value, list):
+            raise PlanError(f"{self.where}.{key} must be a list, got {_show(value)}")
+        if len(value) > limit:
+            raise PlanError(f"{self.where}.{key} has {len(value):,} entries, at most {limit:,} allowed")
+        return value
+
+    def child(self, key: str) -> _Fields:
+        return _Fields(self._get(key, False), f"{self.where}.{key}")
+
+
+def _show(value: object) -> str:
+    text = repr(value) if isinstance(value, str | int | float | bool) or value is None else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _destinations(header: _Fields) -> tuple[Destination, ...]:
+    out = []
+    for i, item in enumerate(header.items("destinations", MAX_DESTINATIONS)):
+        d = _Fields(item, f"destinations[{i}]")
+        out.append(
+            Destination(
+                str(d.text("id")),
+                str(d.text("address")),
+                float(d.number("weight") or 0.0),
+                d.integer("kvCapacityTokens"),
+                d.integer("hostKvCapacityTokens") if "hostKvCapacityTokens" in d.obj else 0,
+            )
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, PlanError):
-            raise
-        raise PlanError(f"malformed plan header: {exc!r}") from exc
+    return tuple(out)
+
+
+def _key_extraction(header: _Fields) -> KeyExtraction:
+    ke = header.child("keyExtraction")
+    return KeyExtraction(
+        str(ke.text("header")),
+        ke.text("bodyField", optional=True),
+        ke.text("sessionHeader", optional=True),
+        ke.integer("promptPrefixChars"),
+    )
+
+
+def _summary(header: _Fields) -> PlanSummary:
+    sm = header.child("summary")
+    loads = sm.child("predictedLoad")
+    if len(loads.obj) > MAX_DESTINATIONS:
+        raise PlanError(f"summary.predictedLoad has more than {MAX_DESTINATIONS} entries")
+    return PlanSummary(
+        admitted_keys=sm.integer("admittedKeys"),
+        admitted_request_share=float(sm.number("admittedRequestShare") or 0.0),
+        admitted_token_share=float(sm.number("admittedTokenShare") or 0.0),
+        churn=float(sm.number("churn") or 0.0),
+        predicted_load={str(k): float(loads.number(k) or 0.0) for k in loads.obj},
+        predicted_kv_hit=sm.number("predictedKvHit", optional=True),
+        reason=str(sm.text("reason")),
+    )
+
+
+def _shards(header: _Fields) -> list[tuple[str, str, int, str]]:
+    """(file, configMap, routes, sha256) of every shard, checked against the route cap."""
+    shards = []
+    total = 0
+    for i, item in enumerate(header.items("shards", MAX_SHARDS)):
+        sh = _Fields(item, f"shards[{i}]")
+        name = str(sh.text("file"))
+        if not _SHARD_NAME.match(name):
+            raise PlanError(f"shards[{i}].file {name[:40]!r} is not routes-NNNN.bin.gz")
+        routes = sh.integer("routes")
+        if not 0 <= routes <= MAX_ROUTES:
+            raise PlanError(f"shards[{i}].routes is {routes}: must be in 0-{MAX_ROUTES:,}")
+        digest = str(sh.text("sha256"))
+        if not _SHA256.match(digest):
+            raise PlanError(f"shards[{i}].sha256 is not 64 lower-case hex digits")
+        total += routes
+        shards.append((name, str(sh.text("configMap")), routes, digest))
+    if total > MAX_ROUTES:
+        raise PlanError(f"the shards hold {total:,} routes: a plan holds at most {MAX_ROUTES:,}")
+    count = header.integer("routeCount")
+    if count != total:
+        raise PlanError(f"routeCount {count:,} does not match the {total:,} routes of the shards")
+    if len({s[0] for s in shards}) != len(shards):
+        raise PlanError("a shard file is listed twice")
+    return shards
+
+
+def _pinned_keys(header: _Fields) -> npt.NDArray[np.uint64]:
+    """The pinned route keys (`Plan.pinned_keys`), 16 hex digits each; none when absent."""
+    if "pinnedKeys" not in header.obj:
+        return np.zeros(0, dtype=np.uint64)
+    out = []
+    for i, item in enumerate(header.items("pinnedKeys", MAX_ROUTES)):
+        if not isinstance(item, str) or not _KEY_HASH.match(item):
+            raise PlanError(f"header.pinnedKeys[{i}] is {_show(item)}: not 16 lower-case hex digits")
+        out.append(int(item, 16))
+    return np.array(out, dtype=np.uint64)
+
+
+def decode_plan(files: Mapping[str, bytes]) -> Plan:
+    """Decode and verify a plan payload (all files of all its ConfigMaps); raises PlanError.
+
+    Every field is type-checked, every file is inflated only up to its limit (derived from the
+    route counts the header declares, themselves capped by MAX_ROUTES), and the result passes
+    `validate_plan`; nothing else is raised, whatever the bytes.
+    """
+    try:
+        return _decode(files)
+    except PlanError:
+        raise
+    except RecursionError:
+        raise PlanError("plan nested too deeply") from None
+    except (ValueError, TypeError, KeyError, OverflowError, MemoryError) as exc:
+        raise PlanError(f"malformed plan: {exc!r}") from None
+
+
+def _decode(files: Mapping[str, bytes]) -> Plan:
+    raw_header = read_header(files)
+    header = _Fields(raw_header, "header")
+    body = {k: v for k, v in raw_header.items() if k not in ("version", "generatedAt")}
+    if hashlib.sha256(_canonical(body)).hexdigest()[:16] != raw_header["version"]:
+        raise PlanError("header does not match its version hash")
+    destinations = _destinations(header)
+    key_extraction = _key_extraction(header)
+    summary = _summary(header)
+    spill_threshold = float(header.number("spillThreshold") or 0.0)
+    keys_parts, count_parts, dest_parts = [], [], []
+    for name, configmap, routes, digest in _shards(header):
+        if name not in files:
+            raise PlanError(f"shard {name} is missing (expected in ConfigMap {configmap[:253]})")
+        raw = _gunzip(files[name], name, max_shard_bytes(routes))
+        if hashlib.sha256(raw).hexdigest() != digest:
+            raise PlanError(f"shard {name} does not belong to plan version {raw_header['version']}")
+        k, c, d = _decode_shard(raw, name)
+        if len(k) != routes:
+            raise PlanError(f"shard {name} holds {len(k):,} routes, the header says {routes:,}")
+        keys_parts.append(k)
+        count_parts.append(c)
+        dest_parts.append(d)
+    counts = np.concatenate(count_parts) if count_parts else np.zeros(0, np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    plan = Plan(
+        pool=str(header.text("pool")),
+        destinations=destinations,
+        route_keys=np.concatenate(keys_parts) if keys_parts else np.zeros(0, np.uint64),
+        route_offsets=offsets,
+        route_dests=np.concatenate(dest_parts) if dest_parts else np.zeros(0, np.uint16),
+        generated_at=header.text("generatedAt", optional=True) or "",
+        spill_threshold=spill_threshold,
+        key_extraction=key_extraction,
+        summary=summary,
+        pinned_keys=_pinned_keys(header),
+    )
+    validate_plan(plan)
+    return plan
 
 
 def plan_version(files: Mapping[str, bytes]) -> str:

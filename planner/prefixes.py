@@ -5,8 +5,8 @@ conversation's history in that destination's cache. This memory lets the routing
 (`routing.RoutingRule.choose(..., follow=...)`) without any view of the engines' caches:
 
 - the caller describes a prompt as a chain of prefix ids, each naming the whole prompt up to a
-  boundary (the replay: its prefix-chained block ids; the router: a hash chain over the request
-  body's messages), with the prompt tokens up to each boundary;
+  boundary (the replay: its prefix-chained block ids; a router would use a hash chain over the
+  request body's messages, which ours does not keep yet), with the prompt tokens up to each boundary;
 - `match` finds the deepest prefix of the chain the memory holds and the destination the last
   request with that prefix went to;
 - `held_by` counts the leading prefixes of the chain that were sent to a given destination (what
@@ -14,7 +14,7 @@ conversation's history in that destination's cache. This memory lets the routing
 - `record` notes that every prefix of the chain went to the chosen destination, forgetting the
   least recently used prefixes beyond `capacity`.
 
-Destinations are small integers (the replay's indexes; the router numbers its endpoints), so the
+Destinations are small integers (the replay's indexes), so the
 destinations a prefix went to are one bit mask.
 
 `follow_target` applies the rule of thumb of per-request cache-aware routers (Preble, SGLang):

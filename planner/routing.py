@@ -5,10 +5,12 @@ decide through `RoutingRule.choose`, so what the replay measures is what the rou
 
 1. **Planned key**: the least-loaded usable destination among the key's candidates; ties go to
    the first at or after `key_hash % len(candidates)`, so every router replica with the same view
-   of load picks the same one. With key-seeded p2c on (the default), a key's candidates are its
-   two ring candidates followed by as many of its planned destinations as its plan entry is long
-   (the planner sizes entries from the key's load): a key is never pinned to one destination,
-   and a hot key gets more. Without it, the candidates are the plan entry alone.
+   of load picks the same one. A key's candidates are its plan entry, whose length the planner
+   decides from the key's load (`load.replicas_needed`). With `widen_planned` (router
+   `--widen-planned`) and key-seeded p2c, a computed route's candidates are instead its two ring
+   candidates followed by as many of its planned destinations as its entry is long, so no key
+   is held to one destination; pinned routes keep their entry. It is off by default: when the KV
+   cache binds, a second candidate per key caches its prefix twice (docs/capacity.md).
 2. **Bounded affinity**: when that destination's load exceeds
    `spill_threshold x mean load + spill_slack`, the request spills to p2c among the other usable
    destinations (unless it is the only one). A planned key with no usable candidate spills too.
@@ -18,10 +20,11 @@ decide through `RoutingRule.choose`, so what the replay measures is what the rou
 4. **Plain p2c** (unplanned keys with `unplanned="p2c"`, keyless requests): the less loaded of two
    distinct destinations drawn uniformly, the first drawn on a tie.
 5. **Following a prefix**: when the caller knows where the longest earlier prompt sharing most
-   of this one went (`follow`: the router's and the replay's memory of routed prefixes,
-   `prefixes.PrefixMemory`), the request goes there instead, as long as that destination's load
-   is at most `follow_ratio x` the load of the destination steps 1-4 chose, plus `follow_slack`,
-   plus `follow_gain`: what the request itself weighs less there, its remembered prefix in the
+   of this one went (`follow`: the replay's memory of routed prefixes, `prefixes.PrefixMemory`;
+   the router keeps none yet and never passes `follow`, so this step is a replay experiment),
+   the request goes there instead, as long as that destination's load is at most
+   `follow_ratio x` the load of the destination steps 1-4 chose, plus `follow_slack`, plus
+   `follow_gain`: what the request itself weighs less there, its remembered prefix in the
    units of load (`tokenload.py`). The next turn of a conversation finds its history in that
    destination's cache; a long shared document is not prefilled twice.
 
@@ -131,8 +134,8 @@ class RoutingRule(Generic[D]):
     `draw` returns uniform floats in [0, 1) (`random.Random.random`): both callers seed one and
     consume it in the same order, so equal states and seeds give equal decisions.
     `key_candidates` gives a key's two ring candidates (`ring_candidates`); None routes unplanned
-    keys by plain p2c and planned keys to their plan entry alone; `widen_planned=False` keeps
-    planned keys to their plan entry even with it (the routing of the report, pinned keys).
+    keys by plain p2c; `widen_planned` widens computed planned routes with them (module docstring;
+    `pinned` entries never are).
     `follow_ratio` 0 never follows.
     """
 
@@ -149,7 +152,7 @@ class RoutingRule(Generic[D]):
         key_candidates: Callable[[int], tuple[D, D]] | None = None,
         follow_ratio: float = DEFAULT_FOLLOW_RATIO,
         follow_slack: float = DEFAULT_FOLLOW_SLACK,
-        widen_planned: bool = True,
+        widen_planned: bool = False,
     ) -> None:
         self._load = loads.load
         self._mean = loads.mean

@@ -6,19 +6,16 @@ compares loads):
     load = requests in flight + requests queued (scraped) + prompt tokens in flight / tokens_per_unit
 
 Requests in flight are the router's own, from dispatch to the end of the response; the queue is
-`vllm:num_requests_waiting`. Each request in flight also counts the prompt tokens it brings that
-the destination is not expected to hold: its estimated size, less the prefix the router's memory
-(`prefixes.PrefixMemory`) says went to that destination before. A destination chewing through a
-few long prompts is then as loaded as one serving many short ones: counting requests alone sends
-a 60k-token prompt to the replica already prefilling another one. `tokens_per_unit` is how many
-such tokens weigh as much as one more request in flight: 4,096 by default, half of vLLM's step
-budget on H100 (about 0.3 s of prefill for a 70B TP=2 replica). Replays of the public traces and
-of the paper's workload put every value from 2,048 to 8,192 within a few percent of each other
-(docs/benchmarks.md); the default sits in the middle.
+`vllm:num_requests_waiting`. Each request in flight also counts the prompt tokens it brings, as
+estimated from its body. A destination chewing through a few long prompts is then as loaded as one
+serving many short ones: counting requests alone sends a 60k-token prompt to the replica already
+prefilling another one. `tokens_per_unit` is how many such tokens weigh as much as one more
+request in flight: 4,096 by default, half of vLLM's default step budget on H100 (about 0.3 s of
+prefill for a 70B TP=2 replica). The figures behind it are in docs/capacity.md.
 
-The same unit prices what a request saves by following its prefix: the remembered prefix tokens
-over `tokens_per_unit` are added to the load a followed destination may carry
-(`routing.RoutingRule.choose(..., follow_gain=...)`).
+(The replay's `cacheroute-follow` experiment also subtracts the prefix its memory of routed
+prefixes says the destination holds, `uncached_tokens`; the router keeps no such memory and
+charges the whole estimate.)
 
 Request size comes from the body: its bytes times a tokens-per-byte ratio learned from the
 `usage.prompt_tokens` of responses (`TokenEstimator`), starting at 1/4 (about four characters per

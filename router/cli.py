@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
-from cacheroute.router import eventloop
+from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT
+from cacheroute.router import eventloop, sidecar
 from cacheroute.router.settings import (
     BODY_MODES,
     DEFAULT_GRPC_PORT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_METRICS_PORT,
     DEFAULT_SKETCH_SIZE,
+    MAX_BODY_BYTES_LIMIT,
+    MAX_SKETCH_SIZE,
     KeyOverrides,
     RouterSettings,
     SettingsError,
@@ -30,9 +34,14 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
-
 ENV = "CACHEROUTE_ROUTER_"
+MAX_PORT = 65535
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    """Print one line naming the input and the problem; return the exit to raise."""
+    sys.stderr.write("error: " + " ".join(str(message).split()) + "\n")
+    return typer.Exit(code)
 
 
 def _env(name: str) -> str:
@@ -46,21 +55,34 @@ def router() -> None:
 
 @app.command()
 def serve(  # noqa: PLR0917 - one parameter per command-line option
-    grpc_port: Annotated[int, typer.Option(envvar=_env("GRPC_PORT"), help="ext_proc and gRPC health port.")] = (
-        DEFAULT_GRPC_PORT
-    ),
-    grpc_host: Annotated[str, typer.Option(envvar=_env("GRPC_HOST"), help="Address the gRPC server binds.")] = (
-        "0.0.0.0"
-    ),
-    metrics_port: Annotated[int, typer.Option(envvar=_env("METRICS_PORT"), help="Prometheus /metrics port.")] = (
-        DEFAULT_METRICS_PORT
-    ),
-    metrics_host: Annotated[str, typer.Option(envvar=_env("METRICS_HOST"), help="Address /metrics binds.")] = (
-        "0.0.0.0"
-    ),
+    grpc_port: Annotated[
+        int,
+        typer.Option(
+            min=0, max=MAX_PORT, envvar=_env("GRPC_PORT"), help="ext_proc and gRPC health port (0: any free)."
+        ),
+    ] = DEFAULT_GRPC_PORT,
+    grpc_host: Annotated[
+        str,
+        typer.Option(
+            envvar=_env("GRPC_HOST"),
+            help="Address the gRPC server binds. The default 0.0.0.0 listens on every interface: right inside a pod "
+            "(its only interface is the pod IP, where gateways connect); elsewhere give a specific address.",
+        ),
+    ] = "0.0.0.0",
+    metrics_port: Annotated[
+        int, typer.Option(min=0, max=MAX_PORT, envvar=_env("METRICS_PORT"), help="Prometheus /metrics port.")
+    ] = DEFAULT_METRICS_PORT,
+    metrics_host: Annotated[
+        str, typer.Option(envvar=_env("METRICS_HOST"), help="Address /metrics binds (0.0.0.0: every interface).")
+    ] = "0.0.0.0",
     plan_dir: Annotated[
         Path | None,
-        typer.Option(envvar=_env("PLAN_DIR"), help="Mounted plan ConfigMap directory (all plan files in one)."),
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            envvar=_env("PLAN_DIR"),
+            help="Mounted plan ConfigMap directory (all plan files in one).",
+        ),
     ] = None,
     namespace: Annotated[
         str | None, typer.Option(envvar=_env("NAMESPACE"), help="Namespace of the plan ConfigMaps and Service.")
@@ -70,10 +92,19 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(envvar=_env("POOL"), help="Pool whose ConfigMaps <pool>-plan[-N] to watch through the API."),
     ] = None,
     kubeconfig: Annotated[
-        Path | None, typer.Option(envvar=_env("KUBECONFIG"), help="Kubeconfig (default: in-cluster, then ~/.kube).")
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            envvar=_env("KUBECONFIG"),
+            help="Kubeconfig (default: in-cluster, then ~/.kube).",
+        ),
     ] = None,
     plan_poll_interval: Annotated[
-        float, typer.Option(envvar=_env("PLAN_POLL_INTERVAL"), help="Seconds between checks of --plan-dir.")
+        float,
+        typer.Option(
+            min=0.01, max=3600.0, envvar=_env("PLAN_POLL_INTERVAL"), help="Seconds between checks of --plan-dir."
+        ),
     ] = 0.2,
     endpoints: Annotated[
         str,
@@ -84,7 +115,10 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(envvar=_env("SERVICE"), help="Headless Service whose EndpointSlices list the endpoints."),
     ] = None,
     target_port: Annotated[
-        int | None, typer.Option(envvar=_env("TARGET_PORT"), help="Port on EndpointSlice addresses (default: first).")
+        int | None,
+        typer.Option(
+            min=1, max=MAX_PORT, envvar=_env("TARGET_PORT"), help="Port on EndpointSlice addresses (default: first)."
+        ),
     ] = None,
     key_header: Annotated[
         str | None, typer.Option(envvar=_env("KEY_HEADER"), help="Header holding the affinity key (plan default).")
@@ -99,6 +133,8 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     prompt_prefix_chars: Annotated[
         int | None,
         typer.Option(
+            min=0,
+            max=MAX_PROMPT_PREFIX_CHARS,
             envvar=_env("PROMPT_PREFIX_CHARS"),
             help="Hash this many characters of system prompt + first user message as the key; 0 turns it off.",
         ),
@@ -106,16 +142,23 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     spill_threshold: Annotated[
         float | None,
         typer.Option(
+            min=SPILL_THRESHOLD_RANGE[0],
+            max=SPILL_THRESHOLD_RANGE[1],
             envvar=_env("SPILL_THRESHOLD"),
             help="Spill a planned key when its destination's load exceeds this x mean + slack (plan default).",
         ),
     ] = None,
     spill_slack: Annotated[
-        float, typer.Option(envvar=_env("SPILL_SLACK"), help="Absolute headroom (requests) before spilling.")
+        float,
+        typer.Option(
+            min=0.0, max=1e6, envvar=_env("SPILL_SLACK"), help="Absolute headroom (requests) before spilling."
+        ),
     ] = DEFAULT_SPILL_SLACK,
     fallbacks: Annotated[
         int,
         typer.Option(
+            min=0,
+            max=16,
             envvar=_env("FALLBACKS"),
             help="Fallback endpoints listed after the primary. Keep 0 behind an Envoy ORIGINAL_DST cluster, "
             "which accepts a single address only.",
@@ -128,12 +171,41 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             help="Keys outside the plan: key-p2c (the less loaded of two endpoints derived from the key) or p2c.",
         ),
     ] = "key-p2c",
+    tokens_per_load_unit: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1e9,
+            envvar=_env("TOKENS_PER_LOAD_UNIT"),
+            help="Prompt tokens in flight on an endpoint that weigh as much as one more request in flight "
+            "(token-aware load; the prompt size is estimated from the body). 0 counts requests only.",
+        ),
+    ] = DEFAULT_TOKENS_PER_LOAD_UNIT,
+    widen_planned: Annotated[
+        bool,
+        typer.Option(
+            envvar=_env("WIDEN_PLANNED"),
+            help="A computed route's candidates become the key's two ring endpoints followed by its planned "
+            "endpoints, as many as its entry is long (pinned routes keep their entry).",
+        ),
+    ] = False,
     scrape_interval: Annotated[
-        float, typer.Option(envvar=_env("SCRAPE_INTERVAL"), help="Seconds between /metrics scrapes; 0 turns off.")
+        float,
+        typer.Option(
+            min=0.0, max=3600.0, envvar=_env("SCRAPE_INTERVAL"), help="Seconds between /metrics scrapes; 0 turns off."
+        ),
     ] = 0.5,
-    scrape_timeout: Annotated[float, typer.Option(envvar=_env("SCRAPE_TIMEOUT"), help="Timeout of a scrape.")] = 1.0,
+    scrape_timeout: Annotated[
+        float, typer.Option(min=0.001, max=600.0, envvar=_env("SCRAPE_TIMEOUT"), help="Timeout of a scrape (s).")
+    ] = 1.0,
     max_body_bytes: Annotated[
-        int, typer.Option(envvar=_env("MAX_BODY_BYTES"), help="Larger bodies are not parsed for a key (p2c).")
+        int,
+        typer.Option(
+            min=0,
+            max=MAX_BODY_BYTES_LIMIT,
+            envvar=_env("MAX_BODY_BYTES"),
+            help="Larger bodies are not parsed for a key (p2c).",
+        ),
     ] = DEFAULT_MAX_BODY_BYTES,
     body_mode: Annotated[
         str,
@@ -143,7 +215,13 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         ),
     ] = "none",
     sketch_size: Annotated[
-        int, typer.Option(envvar=_env("SKETCH_SIZE"), help="Keys with their own metric series (heaviest first).")
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_SKETCH_SIZE,
+            envvar=_env("SKETCH_SIZE"),
+            help="Keys with their own metric series (heaviest first).",
+        ),
     ] = DEFAULT_SKETCH_SIZE,
     export_key_names: Annotated[
         bool,
@@ -160,10 +238,9 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     log_level: Annotated[str, typer.Option(envvar=_env("LOG_LEVEL"), help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Serve Envoy ext_proc (endpoint-picker protocol), gRPC health and Prometheus metrics."""
-    level = getattr(logging, log_level.upper(), None)
+    level = getattr(logging, log_level.upper(), None) if log_level.isalpha() else None
     if not isinstance(level, int):
-        err.print(f"[red]log-level {log_level!r} is not one of debug, info, warning, error[/]")
-        raise typer.Exit(2)
+        raise _fail(f"log-level {log_level!r} is not one of debug, info, warning, error")
     try:
         settings = RouterSettings(
             grpc_host=grpc_host,
@@ -183,6 +260,8 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             spill_slack=spill_slack,
             fallbacks=fallbacks,
             unplanned=unplanned,
+            tokens_per_load_unit=tokens_per_load_unit,
+            widen_planned=widen_planned,
             scrape_interval=scrape_interval,
             scrape_timeout=scrape_timeout,
             max_body_bytes=max_body_bytes,
@@ -193,19 +272,19 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         )
         eventloop.resolve(settings.event_loop)
     except (SettingsError, eventloop.EventLoopError) as exc:
-        err.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
+        raise _fail(str(exc)) from None
     if plan_dir is not None and not plan_dir.is_dir():
-        err.print(f"[red]plan-dir {plan_dir} is not a directory[/]")
-        raise typer.Exit(2)
+        raise _fail(f"plan-dir {plan_dir} is not a directory")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from cacheroute.router.server import Router
+    from cacheroute.router.server import BindError, Router
 
     try:
         eventloop.run(Router(settings).serve_forever(), settings.event_loop)
+    except BindError as exc:
+        # A port in use or an address not on this host: the settings, not the world.
+        raise _fail(str(exc)) from None
     except OSError as exc:
-        err.print(f"[red]router failed: {exc}[/]")
-        raise typer.Exit(1) from None
+        raise _fail(f"router failed: {exc}", 1) from None
 
 
 @app.command("envoy-config")
@@ -217,7 +296,7 @@ def envoy_config(
         str,
         typer.Option(envvar=_env("ENDPOINTS"), help="Pool endpoints (ip:port, commas) for the fail-open cluster."),
     ],
-    listen_port: Annotated[int, typer.Option(help="Port Envoy listens on for clients.")] = 8080,
+    listen_port: Annotated[int, typer.Option(min=1, max=MAX_PORT, help="Port Envoy listens on for clients.")] = 8080,
     request_body_mode: Annotated[
         str, typer.Option(help="ext_proc request body mode: NONE, BUFFERED or FULL_DUPLEX_STREAMED.")
     ] = "BUFFERED",
@@ -234,9 +313,12 @@ def envoy_config(
             router, pool, GatewayOptions(listen_port=listen_port, request_body_mode=request_body_mode.upper())
         )
     except (SettingsError, ValueError) as exc:
-        err.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
+        raise _fail(str(exc)) from None
     typer.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+
+
+# The router pod's Envoy container (`cacheroute router envoy`), kept in its own module.
+sidecar.register(app)
 
 
 def main() -> None:

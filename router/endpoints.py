@@ -22,7 +22,6 @@ class Endpoint:
         "destination",
         "in_flight",
         "in_flight_tokens",
-        "index",
         "member_ready",
         "ready",
         "running",
@@ -31,13 +30,11 @@ class Endpoint:
         "waiting",
     )
 
-    def __init__(self, address: str, destination: str = "", index: int = 0) -> None:
+    def __init__(self, address: str, destination: str = "") -> None:
         self.address = address
         self.destination = destination
-        # A number no other endpoint of the pool has had (the prefix memory names endpoints by it).
-        self.index = index
         # Requests this router sent there and that have not finished yet, and the prompt tokens
-        # they brought that the endpoint was not expected to hold (token-aware load).
+        # they brought, as estimated from their bodies (token-aware load).
         self.in_flight = 0
         self.in_flight_tokens = 0
         # Queue depth and batch size reported by the engine's /metrics.
@@ -75,14 +72,11 @@ class EndpointPool:
         self._plan: tuple[Destination, ...] = ()
         self._slices: dict[str, SliceEndpoint] | None = None
         self.by_address: dict[str, Endpoint] = {}
-        self.by_index: dict[int, Endpoint] = {}
-        self._next_index = 0
         self.ready: tuple[Endpoint, ...] = ()
         # Totals over `ready`, kept incrementally so the mean load is O(1) per decision.
         self.in_flight_ready = 0
         self.waiting_ready = 0
         self.tokens_ready = 0
-        self._gone: list[Callable[[Endpoint], None]] = []
         self._listeners: list[Callable[[], None]] = []
 
     # --- membership -------------------------------------------------------------------------------
@@ -90,10 +84,6 @@ class EndpointPool:
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` after every membership change (not after load or readiness changes)."""
         self._listeners.append(listener)
-
-    def on_removed(self, listener: Callable[[Endpoint], None]) -> None:
-        """Call `listener` with every endpoint that leaves the pool."""
-        self._gone.append(listener)
 
     def set_static(self, addresses: Iterable[str]) -> None:
         self._static = tuple(addresses)
@@ -137,16 +127,11 @@ class EndpointPool:
         for address in list(self.by_address):
             if address not in wanted:
                 gone = self.by_address.pop(address)
-                del self.by_index[gone.index]
                 self._set_ready(gone, False)
-                for removed in self._gone:
-                    removed(gone)
         for address, dest_id in wanted.items():
             endpoint = self.by_address.get(address)
             if endpoint is None:
-                endpoint = self.by_address[address] = Endpoint(address, dest_id, self._next_index)
-                self.by_index[self._next_index] = endpoint
-                self._next_index += 1
+                endpoint = self.by_address[address] = Endpoint(address, dest_id)
             elif dest_id:
                 endpoint.destination = dest_id
             endpoint.member_ready = self._member_ready(address)
@@ -217,9 +202,11 @@ class EndpointPool:
             self.in_flight_ready -= 1
             self.tokens_ready -= tokens
 
-    def mean_load(self) -> float:
+    def mean_load(self, per_token: float = 0.0) -> float:
+        """Mean load over ready endpoints: in flight plus queued, plus prompt tokens in flight
+        times `per_token` (token-aware load, `planner/tokenload.py`)."""
         n = len(self.ready)
-        return (self.in_flight_ready + self.waiting_ready) / n if n else 0.0
+        return (self.in_flight_ready + self.waiting_ready + self.tokens_ready * per_token) / n if n else 0.0
 
     @property
     def known(self) -> bool:

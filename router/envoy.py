@@ -13,7 +13,7 @@ behind this Envoy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -32,6 +32,8 @@ class GatewayOptions:
     message_timeout: str = "5s"
     route_timeout: str = "600s"
     with_ext_proc: bool = True
+    # When the router does not answer: let the request through (True) or fail it (False).
+    failure_mode_allow: bool = True
 
 
 def _socket(address: str) -> dict[str, Any]:
@@ -62,7 +64,7 @@ def _ext_proc(options: GatewayOptions) -> dict[str, Any]:
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": "cacheroute_router"}, "timeout": "10s"},
-            "failure_mode_allow": True,
+            "failure_mode_allow": options.failure_mode_allow,
             "message_timeout": options.message_timeout,
             "processing_mode": {
                 "request_header_mode": "SEND",
@@ -133,3 +135,99 @@ def gateway_bootstrap(router: str, endpoints: Sequence[str], options: GatewayOpt
                                         "typed_config": manager}]}],
     }
     return {"static_resources": {"listeners": [listener], "clusters": clusters}}
+
+
+@dataclass(frozen=True)
+class PodEnvoyOptions:
+    """The Envoy beside the picker in a router pod: everything binds the pod IP."""
+
+    pod_ip: str
+    listen_port: int = 8080
+    health_port: int = 8081
+    ext_proc_port: int = 9002
+    # host:port resolved by DNS (the pool's headless Service) for requests that pass the
+    # picker without a destination (failure_mode_allow); None answers those with 503.
+    fallback: str | None = None
+    admin_socket: str | None = None
+    gateway: GatewayOptions = GatewayOptions()
+
+
+def _health_listener(address: str, port: int) -> dict[str, Any]:
+    """A listener answering GET /ready: Envoy has initialised and serves listeners."""
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+        "HttpConnectionManager",
+        "stat_prefix": "health",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "health",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"path": "/ready"},
+                            "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
+                        },
+                        {"match": {"prefix": "/"}, "direct_response": {"status": 404}},
+                    ],
+                }
+            ]
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+            }
+        ],
+    }
+    return {
+        "name": "health",
+        "address": {"socket_address": {"address": address, "port_value": port}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": manager}]}],
+    }
+
+
+def pod_bootstrap(options: PodEnvoyOptions) -> dict[str, Any]:
+    """Bootstrap of a router pod's Envoy: HTTP on the pod IP, ext_proc to the picker on the same IP.
+
+    Built on `gateway_bootstrap`; the static fail-open cluster is replaced by DNS resolution of
+    the pool's headless Service (pod addresses change), or dropped for a 503 when none is given.
+    """
+    ip = options.pod_ip
+    gateway = replace(options.gateway, listen_address=ip, listen_port=options.listen_port)
+    router = f"[{ip}]:{options.ext_proc_port}" if ":" in ip else f"{ip}:{options.ext_proc_port}"
+    document = gateway_bootstrap(router, ["127.0.0.1:1"], gateway)
+    resources = document["static_resources"]
+    clusters = [c for c in resources["clusters"] if c["name"] != "pool"]
+    listener = resources["listeners"][0]
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = manager["route_config"]["virtual_hosts"][0]["routes"]
+    if options.fallback:
+        host, _, port = options.fallback.rpartition(":")
+        clusters.append(
+            {
+                "name": "pool",
+                "type": "STRICT_DNS",
+                "dns_lookup_family": "V4_PREFERRED",
+                "lb_policy": "LEAST_REQUEST",
+                "connect_timeout": "2s",
+                "load_assignment": {
+                    "cluster_name": "pool",
+                    "endpoints": [
+                        {"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                            "address": host, "port_value": int(port)}}}}]}
+                    ],
+                },
+            }
+        )
+    else:
+        routes[-1] = {
+            "match": {"prefix": "/"},
+            "direct_response": {"status": 503, "body": {"inline_string": "no endpoint picked\n"}},
+        }
+    resources["clusters"] = clusters
+    resources["listeners"].append(_health_listener(ip, options.health_port))
+    if options.admin_socket:
+        document["admin"] = {"address": {"pipe": {"path": options.admin_socket}}}
+    return document

@@ -17,7 +17,14 @@ When the decision is made depends on where the key is and how Envoy sends the bo
 
 A body over `max_body_bytes` is not parsed (and not held beyond the limit): p2c decides. The
 stream lives from the request's start to the response's end (or a reset), which is what the
-endpoint's in-flight count measures.
+endpoint's in-flight count measures: a stream holds at most one endpoint at a time and gives it
+back exactly once when it ends, whatever order its messages come in (a second `request_headers`
+is answered without a new decision) and however it ends.
+
+Whatever a message holds, the stream gets an answer: a message whose handling raises (a bug, or
+input nothing anticipated) is answered with the p2c fallback if no decision was made yet, else
+passed through, counted in `cacheroute_router_stream_errors_total`, and logged with its traceback
+at most once a minute.
 
 Replies are serialized once and kept (constants at import, routing replies per endpoint list),
 and go out through a method handler without a response serializer: per stream, gRPC costs the
@@ -27,6 +34,7 @@ the request path builds or serializes a protobuf message twice.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
@@ -39,6 +47,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from grpc.aio import EOF
 
+from cacheroute.planner.tokenload import TokenEstimator
 from cacheroute.router import keys as keymod
 from cacheroute.router.endpoints import Endpoint
 from cacheroute.router.picker import NONE
@@ -47,6 +56,8 @@ if TYPE_CHECKING:
     from cacheroute.router.endpoints import EndpointPool
     from cacheroute.router.metrics import RouterMetrics
     from cacheroute.router.picker import Picker
+
+log = logging.getLogger(__name__)
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -64,6 +75,11 @@ BODY_MODE_BY_NAME = {
 }
 _BUFFERED_MODES = frozenset((_Mode.BUFFERED, _Mode.BUFFERED_PARTIAL))
 _FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
+# A content-length past this is not believed (no prompt is a gigabyte): the size counts as unknown.
+MAX_CONTENT_LENGTH = 1 << 30
+_MAX_CONTENT_LENGTH_DIGITS = len(str(MAX_CONTENT_LENGTH))
+# Seconds between two logged tracebacks of failed messages (the rest are counted only).
+ERROR_LOG_INTERVAL = 60.0
 
 # A serialized ProcessingResponse.
 Reply = bytes
@@ -136,7 +152,23 @@ class RouterCore:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.default_body_mode = BODY_MODE_BY_NAME[default_body_mode]
+        # Prompt tokens from body bytes, the ratio learned from responses' usage (token-aware load).
+        self.estimator = TokenEstimator()
         self._routes: dict[tuple[str, str], Reply] = {}
+        self._error_logged_at = -ERROR_LOG_INTERVAL
+        self._errors_unlogged = 0
+
+    def report_error(self, kind: str | None) -> None:
+        """Count a message whose handling raised; log its traceback at most once a minute."""
+        self.metrics.stream_errors["handled"] += 1
+        now = time.monotonic()
+        if now - self._error_logged_at < ERROR_LOG_INTERVAL:
+            self._errors_unlogged += 1
+            return
+        more = f" ({self._errors_unlogged} more since the last report)" if self._errors_unlogged else ""
+        self._error_logged_at = now
+        self._errors_unlogged = 0
+        log.exception("handling an ext_proc %s message failed; answered with the fallback%s", kind, more)
 
     def route_response(self, phase: str, value: str) -> Reply:
         # Replies are identical for every request sent to the same endpoint list; build each once.
@@ -155,6 +187,7 @@ class Exchange:
     __slots__ = (
         "allowed",
         "body_bytes",
+        "charge",
         "chunks",
         "content_length",
         "core",
@@ -177,6 +210,8 @@ class Exchange:
         self.core = core
         self.decided = False
         self.endpoint: Endpoint | None = None
+        # Prompt tokens charged to `endpoint` while the request is in flight (token-aware load).
+        self.charge = 0
         self.key: keymod.Key | None = None
         self.outcome = ""
         self.headers: dict[str, str] = {}
@@ -214,6 +249,9 @@ class Exchange:
         return []
 
     def _on_request_headers(self, req: pb.ProcessingRequest) -> list[Reply]:
+        if self.decided:
+            # A second request_headers (or headers after the body): one request, one decision.
+            return [_HEADERS_CONTINUE]
         started = time.perf_counter()
         if req.HasField("protocol_config"):
             self.request_mode = req.protocol_config.request_body_mode
@@ -231,7 +269,9 @@ class Exchange:
                 raw: bytes = h.raw_value
                 headers[name] = raw.decode("utf-8", "replace") if raw else h.value
         length = headers.get("content-length", "")
-        self.content_length = int(length) if length.isdigit() else 0
+        if length.isdigit() and len(length) <= _MAX_CONTENT_LENGTH_DIGITS and length.isascii():
+            size = int(length)
+            self.content_length = size if size <= MAX_CONTENT_LENGTH else 0
         body_follows = not message.end_of_stream
         self.key = keymod.key_from_headers(headers, extraction)
         if (
@@ -326,6 +366,10 @@ class Exchange:
         """Pick, count and reply; `started` is when work on the deciding message began."""
         core = self.core
         decision = core.picker.pick(self.key.hash if self.key is not None else None, self.allowed)
+        if self.endpoint is not None:
+            # Only a fallback after a failed message decides twice; the first endpoint goes back.
+            core.pool.release(self.endpoint, self.charge)
+            self.endpoint = None
         self.decided = True
         self.outcome = decision.outcome
         metrics = core.metrics
@@ -335,12 +379,38 @@ class Exchange:
             return _NO_ENDPOINT
         endpoints = decision.endpoints
         primary = endpoints[0]
-        core.pool.acquire(primary)
+        # What the body says the prompt weighs: its bytes so far, or the declared content-length
+        # when the decision comes from the headers alone.
+        self.charge = core.estimator.estimate(self.body_bytes or self.content_length) if core.picker.token_aware else 0
+        core.pool.acquire(primary, self.charge)
         self.endpoint = primary
         value = primary.address if len(endpoints) == 1 else ",".join(e.address for e in endpoints)
         response = core.route_response(phase, value)
         metrics.decision_seconds.observe(time.perf_counter() - started)
         return response
+
+    def recover(self, req: pb.ProcessingRequest) -> list[Reply]:
+        """The answer to a message whose handling raised: p2c if undecided, else pass it through."""
+        kind = req.WhichOneof("request")
+        self.core.report_error(kind)
+        self.chunks = []
+        self.pending_parse = False
+        if kind in ("request_headers", "request_body", "request_trailers") and not self.decided:
+            self.key = None
+            buffered_body = kind == "request_body" and self.request_mode != _FULL_DUPLEX
+            reply = self._decide("body" if buffered_body else "headers", time.perf_counter())
+            if self.request_mode == _FULL_DUPLEX and kind != "request_headers":
+                eos = kind == "request_body" and req.request_body.end_of_stream
+                replies = self._release_held(reply, eos)
+                if kind == "request_trailers" and replies[0] is not _NO_ENDPOINT:
+                    replies.append(_TRAILERS_CONTINUE)
+                return replies
+            return [reply]
+        if kind == "request_body" and self.request_mode == _FULL_DUPLEX:
+            return [_echo(req.request_body.body, req.request_body.end_of_stream)]
+        if kind == "response_body" and self.response_mode == _FULL_DUPLEX:
+            return [_echo(req.response_body.body, req.response_body.end_of_stream, response=True)]
+        return [_PASS_THROUGH.get(kind or "", _HEADERS_CONTINUE)]
 
     # --- after the replies ------------------------------------------------------------------------
 
@@ -354,10 +424,18 @@ class Exchange:
     def finish(self) -> None:
         """The stream ended (response complete or reset): release the endpoint, count the request."""
         if self.endpoint is not None:
-            self.core.pool.release(self.endpoint)
+            self.core.pool.release(self.endpoint, self.charge)
             self.endpoint = None
         if not self.decided or self.outcome == NONE:
             return
+        if self.usage_tokens is not None:
+            self.core.estimator.learn(self.body_bytes or self.content_length, self.usage_tokens)
+        try:
+            self._count()
+        except Exception:
+            self.core.report_error("stream end")
+
+    def _count(self) -> None:
         metrics = self.core.metrics
         if self.usage_tokens is not None:
             prompt_tokens = self.usage_tokens
@@ -372,6 +450,16 @@ class Exchange:
             prompt_tokens,
             self.prefix_tokens,
         )
+
+
+_PASS_THROUGH = {
+    "request_headers": _HEADERS_CONTINUE,
+    "request_body": _BODY_CONTINUE,
+    "request_trailers": _TRAILERS_CONTINUE,
+    "response_headers": _RESPONSE_HEADERS_CONTINUE,
+    "response_body": _RESPONSE_BODY_CONTINUE,
+    "response_trailers": _RESPONSE_TRAILERS_CONTINUE,
+}
 
 
 def _subset_hint(metadata: base_pb2.Metadata) -> Collection[str] | None:
@@ -401,7 +489,11 @@ class ExternalProcessor:
         write = context.write
         try:
             while (request := await read()) is not EOF:
-                for reply in exchange.handle(request):
+                try:
+                    replies = exchange.handle(request)
+                except Exception:
+                    replies = exchange.recover(request)
+                for reply in replies:
                     await write(reply)
                 exchange.after_reply()
         finally:

@@ -14,7 +14,8 @@ The key is hashed with `affinity_key_hash`, exactly like the planner hashes keys
 Token estimates (no tokenizer on the request path): prompt tokens = body bytes / 4; prefix
 tokens = bytes of the message list before the newest message / 4 (the part a follow-up request
 of the same conversation can find in the KV cache; JSON punctuation included). When the
-response carries OpenAI `usage`, its `prompt_tokens` replaces the estimate.
+response carries OpenAI `usage`, its `prompt_tokens` replaces the estimate, unless it is past
+`MAX_USAGE_TOKENS` (not believed: the estimate stays).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any, NamedTuple
 from cacheroute.planner.plan import KeyExtraction, affinity_key_hash
 
 CHARS_PER_TOKEN = 4
+# No model reads a prompt of a hundred million tokens: a larger usage figure is a broken upstream.
+MAX_USAGE_TOKENS = 100_000_000
 
 HEADER = "header"
 BODY = "body"
@@ -70,7 +73,9 @@ def parse_body(body: bytes) -> dict[str, Any] | None:
     """The JSON object of a request body; None for anything else (malformed, not an object)."""
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
+        # ValueError covers bad JSON, bad UTF-8 and integers of thousands of digits; nesting
+        # deeper than the interpreter's recursion limit raises RecursionError.
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -179,12 +184,16 @@ def estimate_prefix_tokens(body: bytes) -> int:
     return -(-(last - start) // CHARS_PER_TOKEN)
 
 
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})(?![\d.eE])')
 
 
 def usage_prompt_tokens(chunk: bytes) -> int | None:
-    """`usage.prompt_tokens` of an OpenAI response (or its last stream event), if in this chunk."""
+    """`usage.prompt_tokens` of an OpenAI response (or its last stream event), if in this chunk
+    and believable (an integer up to MAX_USAGE_TOKENS)."""
     if b'"prompt_tokens"' not in chunk:
         return None
     match = _PROMPT_TOKENS.search(chunk)
-    return int(match.group(1)) if match else None
+    if match is None:
+        return None
+    tokens = int(match.group(1))
+    return tokens if tokens <= MAX_USAGE_TOKENS else None

@@ -6,13 +6,18 @@
   readiness of destinations.
 
 The kubernetes client blocks, so each watch runs in a daemon thread and hands results to the
-event loop with `call_soon_threadsafe`.
+event loop with `call_soon_threadsafe`. `run()` is the watch as the router's supervisor sees it:
+it starts the thread and ends (raising) only if the thread does, so a dead watch is restarted
+with backoff like any other background task. Errors of the API server are retried inside the
+thread with their own backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
+import contextlib
 import logging
 import re
 import threading
@@ -20,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cacheroute.planner.plan_format import MAX_PAYLOAD_BYTES
 from cacheroute.router.endpoints import SliceEndpoint
 from cacheroute.router.settings import SettingsError, parse_address
 
@@ -64,14 +70,34 @@ class _ListWatch:
         self._changed = changed
         self._selector = label_selector
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"watch-{what}", daemon=True)
         self.synced = threading.Event()
-
-    def start(self) -> None:
-        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def run(self) -> None:
+        """Run the watch thread until cancelled; raises if the thread ends on its own."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[BaseException | None] = loop.create_future()
+
+        def body() -> None:
+            failure: BaseException | None = None
+            try:
+                self._run()
+            except BaseException as exc:
+                failure = exc
+            finally:
+                # The loop may have closed since (the router stopped): then nobody waits any more.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_settle, ended, failure)
+
+        self._stop.clear()
+        threading.Thread(target=body, name=f"watch-{self.what}", daemon=True).start()
+        try:
+            failure = await ended
+        finally:
+            self._stop.set()
+        raise RuntimeError(f"the watch of {self.what} stopped: {failure!r}")
 
     def _kwargs(self) -> dict[str, Any]:
         return {"label_selector": self._selector} if self._selector else {}
@@ -119,20 +145,44 @@ class _ListWatch:
             self._stop.wait(_BACKOFF_SECONDS[min(failures, len(_BACKOFF_SECONDS)) - 1] if failures else 0)
 
 
+def _settle(future: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:
+    if not future.done():
+        future.set_result(failure)
+
+
 def _in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Any], None]) -> Callable[[Any], None]:
+    def call(value: Any) -> None:
+        try:
+            fn(value)
+        except Exception:
+            log.exception("handling a watch result failed")
+
     def hand_over(value: Any) -> None:
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(fn, value)
+        with contextlib.suppress(RuntimeError):  # the loop closed: the router is stopping
+            loop.call_soon_threadsafe(call, value)
 
     return hand_over
+
+
+class PayloadError(ValueError):
+    """ConfigMaps whose binaryData cannot be a plan payload (bad base64, too large)."""
 
 
 def configmap_files(configmaps: Mapping[str, Any]) -> dict[str, bytes]:
     """The plan payload held by a set of ConfigMaps (their binaryData, base64 in the API)."""
     files: dict[str, bytes] = {}
+    total = 0
     for cm in configmaps.values():
         for name, data in (cm.binary_data or {}).items():
-            files[name] = base64.b64decode(data)
+            if not isinstance(data, str | bytes):
+                raise PayloadError(f"ConfigMap {cm.metadata.name}: binaryData {name!r} is not base64 text")
+            total += len(data) * 3 // 4
+            if total > MAX_PAYLOAD_BYTES:
+                raise PayloadError(f"binaryData of more than {MAX_PAYLOAD_BYTES:,} bytes")
+            try:
+                files[name] = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise PayloadError(f"ConfigMap {cm.metadata.name}: binaryData {name!r} is not base64 ({exc})") from None
     return files
 
 
@@ -145,17 +195,26 @@ class ConfigMapPlanWatch:
         pool: str,
         on_files: Callable[[dict[str, bytes]], None],
         loop: asyncio.AbstractEventLoop,
+        on_error: Callable[[str], None] = lambda _error: None,
     ) -> None:
         from kubernetes import client
 
         pattern = re.compile(rf"^{re.escape(pool)}-plan(-\d+)?$")
         core = client.CoreV1Api(api)
         deliver = _in_loop(loop, on_files)
+        refuse = _in_loop(loop, on_error)
 
         def changed(objects: dict[str, Any]) -> None:
             # Decoding base64 here keeps megabytes of work off the event loop.
-            if objects:
-                deliver(configmap_files(objects))
+            if not objects:
+                return
+            try:
+                files = configmap_files(objects)
+            except PayloadError as exc:
+                # A payload that cannot be assembled is a rejected plan, not a failed watch.
+                refuse(str(exc))
+                return
+            deliver(files)
 
         self.watch = _ListWatch(
             f"ConfigMaps {namespace}/{pool}-plan*",
@@ -165,11 +224,11 @@ class ConfigMapPlanWatch:
             changed,
         )
 
-    def start(self) -> None:
-        self.watch.start()
-
     def stop(self) -> None:
         self.watch.stop()
+
+    async def run(self) -> None:
+        await self.watch.run()
 
 
 def slice_endpoints(slices: Mapping[str, Any], target_port: int | None) -> dict[str, SliceEndpoint]:
@@ -223,8 +282,8 @@ class EndpointSliceWatch:
             label_selector=f"{SERVICE_NAME_LABEL}={service}",
         )
 
-    def start(self) -> None:
-        self.watch.start()
-
     def stop(self) -> None:
         self.watch.stop()
+
+    async def run(self) -> None:
+        await self.watch.run()

@@ -163,6 +163,8 @@ class _LoopCounters(Collector):
         self.decisions = dict.fromkeys(OUTCOMES, 0)
         self.body_fallbacks = {"too_large": 0, "malformed": 0}
         self.token_sources = {"usage": 0, "estimate": 0}
+        # Messages whose handling raised: answered with the p2c fallback or a pass-through reply.
+        self.stream_errors = {"handled": 0}
         self.decision_seconds = LoopHistogram(_DECISION_BUCKETS)
 
     def collect(self) -> Iterator[Metric]:
@@ -171,6 +173,8 @@ class _LoopCounters(Collector):
             ("body_key_fallbacks", "Requests whose body could not give a key (p2c instead), by reason.", "reason",
              self.body_fallbacks),
             ("prompt_token_counts", "Where per-key prompt token counts came from.", "source", self.token_sources),
+            ("stream_errors", "ext_proc messages whose handling failed and got the fallback reply instead.",
+             "result", self.stream_errors),
         ):
             family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[label])
             for key, value in list(values.items()):
@@ -192,6 +196,7 @@ class RouterMetrics:
         self.body_fallbacks = self.loop.body_fallbacks
         self.token_sources = self.loop.token_sources
         self.decision_seconds = self.loop.decision_seconds
+        self.stream_errors = self.loop.stream_errors
         self.plan_info = Info(f"{PREFIX}_plan", "The plan in effect (pool, version, generation time).", registry=r)
         self.plan_routes = Gauge(f"{PREFIX}_plan_routes", "Routes in the plan in effect.", registry=r)
         self.plan_applied = Gauge(f"{PREFIX}_plan_applied_timestamp_seconds",
@@ -202,6 +207,10 @@ class RouterMetrics:
         self.plan_rejected_total = loads.labels("rejected")
         self.scrape_failures = Counter(f"{PREFIX}_scrape_failures", "Failed /metrics scrapes of endpoints.",
                                        ["endpoint"], registry=r)
+        self.task_up = Gauge(f"{PREFIX}_task_up", "1 while a background task runs, 0 while it waits to restart.",
+                             ["task"], registry=r)
+        self.task_restarts = Counter(f"{PREFIX}_task_restarts", "Restarts of background tasks after a failure.",
+                                     ["task"], registry=r)
         r.register(self.loop)
         r.register(_KeyCollector(self.sketch, self.unkeyed))
         r.register(_EndpointCollector(pool))

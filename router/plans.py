@@ -1,25 +1,30 @@
 """Loading plans: validate, swap atomically, keep the last good one.
 
 Sources hand payloads (file name -> gzip bytes) to `PlanStore.submit`; one worker decodes the
-newest payload off the event loop and swaps the picker's table in a single assignment. A payload
-that fails validation is logged and counted, and the plan in effect stays. Payloads assembled
-from several ConfigMaps can be caught half-written; those get `settle` seconds to complete
-before they count as rejected.
+newest payload off the event loop (the header included) and swaps the picker's table in a single
+assignment. Whatever is wrong with a payload (bad gzip, bytes past the size limits, JSON of the
+wrong shape, a field `validate_plan` refuses, or any exception at all while loading it) makes it
+a rejected plan: counted once, logged once with the reason, and the plan in effect stays.
+Payloads assembled from several ConfigMaps can be caught half-written; those get `settle`
+seconds to complete before they count as rejected.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from cacheroute.planner.plan import PlanError
-from cacheroute.planner.plan_format import HEADER_FILE, decode_plan, plan_version
+from cacheroute.planner.plan_format import HEADER_FILE, MAX_PAYLOAD_BYTES, MAX_SHARDS, decode_plan, plan_version
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker
@@ -30,8 +35,48 @@ log = logging.getLogger(__name__)
 PLAN_FILE = re.compile(r"^(plan\.json\.gz|routes-\d{4}\.bin\.gz)$")
 
 
-def _decode(files: Mapping[str, bytes], version: str) -> RoutingTable:
-    return build_table(decode_plan(files), version)
+@dataclass(frozen=True)
+class _Loaded:
+    """What the worker thread made of one payload: a table, the version in effect, or an error."""
+
+    digest: str
+    table: RoutingTable | None = None
+    error: str | None = None
+
+
+def payload_digest(files: Mapping[str, bytes]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(files):
+        data = files[name]
+        h.update(name.encode("utf-8", "replace") + b"\0" + len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def describe(exc: BaseException) -> str:
+    """The reason a payload failed, in one line."""
+    if isinstance(exc, PlanError):
+        return str(exc)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _load(files: Mapping[str, bytes], current: str | None, current_digest: str | None) -> _Loaded:
+    """Decode one payload (in a worker thread); a bad payload gives an error, never an exception.
+
+    The same bytes as the plan in effect are not decoded again; a payload that claims the
+    version in effect with other bytes is decoded and checked all the same (a broken copy of
+    the plan in effect is still a broken payload), but not installed again.
+    """
+    digest = payload_digest(files)
+    if digest == current_digest:
+        return _Loaded(digest)
+    try:
+        version = plan_version(files)
+        table = build_table(decode_plan(files), version)
+        return _Loaded(digest, None if version == current else table)
+    except Exception as exc:  # any failure of a payload is a rejected plan, whatever its type
+        return _Loaded(digest, error=describe(exc))
 
 
 class PlanStore:
@@ -46,6 +91,9 @@ class PlanStore:
         self._submissions = 0
         self._wake = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
+        # The payload rejected last: offered again unchanged, it is neither counted nor logged again.
+        self._rejected_digest: str | None = None
+        self._applied_digest: str | None = None
 
     def on_applied(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -68,27 +116,53 @@ class PlanStore:
                 continue
             files, origin, settle = self._latest
             self._latest = None
-            await self.process(files, origin=origin, settle=settle)
+            try:
+                await self.process(files, origin=origin, settle=settle)
+            except Exception as exc:
+                # process() turns every failure of a payload into a rejection; this one is ours.
+                log.exception("applying the plan from %s failed", origin)
+                self._reject(origin, f"internal error: {describe(exc)}", None)
 
     async def process(self, files: Mapping[str, bytes], *, origin: str, settle: float = 0.0) -> bool:
         """Validate and apply one payload now; True when a new plan took effect."""
         started = time.monotonic()
         submission = self._submissions
         try:
-            version = plan_version(files)
-            if version == self.version:
-                return False
-            table = await asyncio.to_thread(_decode, files, version)
-        except PlanError as exc:
+            loaded = await asyncio.to_thread(_load, files, self.version, self._applied_digest)
+        except Exception as exc:  # the worker thread itself failed (out of memory, say)
+            loaded = _Loaded("", error=describe(exc))
+        if loaded.error is not None:
             if settle > 0:
-                asyncio.get_running_loop().call_later(settle, self._reject_if_current, submission, origin, str(exc))
+                asyncio.get_running_loop().call_later(
+                    settle, self._reject_if_current, submission, origin, loaded.error, loaded.digest
+                )
             else:
-                self._reject(origin, str(exc))
+                self._reject(origin, loaded.error, loaded.digest)
             return False
-        self.pool.set_plan_destinations(table.destinations)
-        self.picker.install(table)
+        if loaded.table is None:  # the plan in effect (these bytes, or a valid copy of it)
+            self._rejected_digest = None
+            self._applied_digest = loaded.digest
+            return False
+        return self._apply(loaded.table, loaded.digest, origin, started)
+
+    def _apply(self, table: RoutingTable, digest: str, origin: str, started: float) -> bool:
+        previous = self.picker.table
+        try:
+            self.pool.set_plan_destinations(table.destinations)
+            self.picker.install(table)
+        except Exception as exc:
+            # Put the last good plan back as it was, then count this one as rejected.
+            with contextlib.suppress(Exception):
+                self.pool.set_plan_destinations(previous.destinations)
+                self.picker.install(previous)
+            log.exception("installing plan %s failed", table.version)
+            self._reject(origin, f"cannot install: {describe(exc)}", digest)
+            return False
+        version = table.version
         self.version = version
         self.last_error = None
+        self._rejected_digest = None
+        self._applied_digest = digest
         self.applied_at = time.time()
         if self.metrics is not None:
             self.metrics.plan_info.info(
@@ -102,14 +176,24 @@ class PlanStore:
             version, table.pool, origin, len(table), len(table.destinations), (time.monotonic() - started) * 1e3,
         )
         for listener in self._listeners:
-            listener()
+            try:
+                listener()
+            except Exception:
+                log.exception("a listener of plan %s failed", version)
         return True
 
-    def _reject_if_current(self, submission: int, origin: str, error: str) -> None:
+    def _reject_if_current(self, submission: int, origin: str, error: str, digest: str) -> None:
         if self._submissions == submission:
-            self._reject(origin, error)
+            self._reject(origin, error, digest)
 
-    def _reject(self, origin: str, error: str) -> None:
+    def reject(self, origin: str, error: str) -> None:
+        """Count a payload its source could not even assemble (unreadable files, bad base64)."""
+        self._reject(origin, error, f"{origin}: {error}")
+
+    def _reject(self, origin: str, error: str, digest: str | None) -> None:
+        if digest and digest == self._rejected_digest:
+            return
+        self._rejected_digest = digest or None
         self.last_error = error
         if self.metrics is not None:
             self.metrics.plan_rejected_total.inc()
@@ -122,7 +206,9 @@ class DirectoryPlanSource:
 
     The kubelet updates a ConfigMap volume by writing a new timestamped directory and swapping
     the `..data` symlink; files are read through the resolved link so one read never mixes two
-    versions. A plain directory (written by hand or by tests) works too.
+    versions. A plain directory (written by hand or by tests) works too. File types and sizes
+    are checked before anything is read (a payload past `MAX_PAYLOAD_BYTES` is rejected unread),
+    and `run` reads in a worker thread.
     """
 
     def __init__(self, path: Path, store: PlanStore, *, interval: float) -> None:
@@ -130,30 +216,53 @@ class DirectoryPlanSource:
         self.store = store
         self.interval = interval
         self._last: object = None
+        self._failing = False
 
     def _base(self) -> Path:
         data = self.path / "..data"
         return Path(os.path.realpath(data)) if data.exists() else self.path
 
+    def _entries(self) -> tuple[Path, list[tuple[str, os.stat_result]]]:
+        base = self._base()
+        names = sorted(n for n in os.listdir(base) if PLAN_FILE.match(n))
+        return base, [(name, os.stat(base / name)) for name in names]
+
     def signature(self) -> object:
         """Changes whenever the payload may have changed (link target, inode, mtime, size)."""
         try:
-            base = self._base()
-            names = sorted(n for n in os.listdir(base) if PLAN_FILE.match(n))
-            stats = []
-            for name in names:
-                st = os.stat(base / name)
-                stats.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
-            return (str(base), tuple(stats))
+            base, entries = self._entries()
         except OSError:
             return None
+        return (str(base), tuple((n, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode) for n, st in entries))
 
     def read(self) -> dict[str, bytes] | None:
+        """The payload's files; None while the kubelet swaps the directory (read again next poll).
+
+        Raises PlanError for files that can never be a plan: a plan file that is not a regular
+        file, more files than a plan has, or more bytes than a plan may hold.
+        """
         try:
-            base = self._base()
-            return {n: (base / n).read_bytes() for n in os.listdir(base) if PLAN_FILE.match(n)}
+            base, entries = self._entries()
+            if len(entries) > MAX_SHARDS + 1:
+                raise PlanError(f"{len(entries)} plan files: a plan has at most {MAX_SHARDS} shards and a header")
+            total = 0
+            for name, st in entries:
+                if not stat.S_ISREG(st.st_mode):
+                    raise PlanError(f"{name} is not a regular file")
+                total += st.st_size
+            if total > MAX_PAYLOAD_BYTES:
+                raise PlanError(f"plan files of {total:,} bytes: a payload holds at most {MAX_PAYLOAD_BYTES:,}")
+            files: dict[str, bytes] = {}
+            budget = MAX_PAYLOAD_BYTES
+            for name, _st in entries:
+                with open(base / name, "rb") as handle:
+                    # Bounded even when a file grows between stat and read.
+                    files[name] = data = handle.read(budget + 1)
+                budget -= len(data)
+                if budget < 0:
+                    raise PlanError(f"plan files grew past {MAX_PAYLOAD_BYTES:,} bytes while read")
+            return files
         except OSError:
-            # The kubelet removed the old directory while we read it; the next poll sees the new one.
             return None
 
     def poll(self) -> bool:
@@ -161,7 +270,29 @@ class DirectoryPlanSource:
         signature = self.signature()
         if signature is None or signature == self._last:
             return False
-        files = self.read()
+        try:
+            files = self.read()
+        except PlanError as exc:
+            return self._refuse(signature, exc)
+        return self._submit(signature, files)
+
+    async def poll_async(self) -> bool:
+        """`poll`, with the files read in a worker thread."""
+        signature = self.signature()
+        if signature is None or signature == self._last:
+            return False
+        try:
+            files = await asyncio.to_thread(self.read)
+        except PlanError as exc:
+            return self._refuse(signature, exc)
+        return self._submit(signature, files)
+
+    def _refuse(self, signature: object, exc: PlanError) -> bool:
+        self._last = signature
+        self.store.reject(str(self.path), str(exc))
+        return False
+
+    def _submit(self, signature: object, files: dict[str, bytes] | None) -> bool:
         if files is None:
             return False
         self._last = signature
@@ -173,7 +304,13 @@ class DirectoryPlanSource:
 
     async def run(self) -> None:
         while True:
-            with contextlib.suppress(OSError):
-                self.poll()
+            try:
+                await self.poll_async()
+                self._failing = False
+            except Exception as exc:
+                # Logged when polling starts to fail, not on every poll while it keeps failing.
+                if not self._failing:
+                    log.warning("polling plan directory %s failed: %s", self.path, describe(exc))
+                self._failing = True
             # Polling period: a changed plan takes effect within `interval` plus decode time.
             await asyncio.sleep(self.interval)

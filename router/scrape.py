@@ -2,7 +2,9 @@
 
 Both current and older engine metric names are accepted (renames have broken other routers):
 series of the same meaning are summed across names and label sets (one per model or engine).
-An endpoint that does not answer 200 in time is taken out of the ready set until it does.
+An endpoint that does not answer 200 in time, or whose response cannot be read (cut short,
+malformed, over the size limit, an address that does not resolve), is taken out of the ready set
+until it does; no answer of an endpoint can stop the scraper itself.
 
 Scrapes go over one kept-alive HTTP/1.1 connection per endpoint with a minimal client on asyncio
 streams: the router shares its event loop with every routing decision, and a general-purpose
@@ -40,6 +42,8 @@ _SAMPLE = re.compile(
     re.MULTILINE,
 )
 MAX_METRICS_BYTES = 16 * 1024 * 1024
+# Queue gauges above this are not believed (a broken exporter); they count as this much.
+MAX_QUEUE = 1_000_000
 
 
 class ScrapeError(Exception):
@@ -56,13 +60,14 @@ def parse_queue(text: str | bytes) -> tuple[int, int]:
             value = float(match.group(2))
         except ValueError:
             continue
-        if math.isnan(value):
+        if not math.isfinite(value):
             continue
+        value = min(max(value, 0.0), MAX_QUEUE)
         if match.group(1) in _RUNNING:
             running += value
         else:
             waiting += value
-    return round(running), round(waiting)
+    return min(round(running), MAX_QUEUE), min(round(waiting), MAX_QUEUE)
 
 
 class MetricsConnection:
@@ -72,6 +77,8 @@ class MetricsConnection:
         self.deadline = deadline
         host, _, port = address.rpartition(":")
         self.host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ScrapeError(f"address {address!r} is not host:port")
         self.port = int(port)
         self._request = f"GET /metrics HTTP/1.1\r\nHost: {address}\r\nAccept: text/plain\r\n\r\n".encode()
         self._reader: asyncio.StreamReader | None = None
@@ -100,6 +107,14 @@ class MetricsConnection:
             raise
 
     async def _exchange(self) -> tuple[int, bytes]:
+        try:
+            return await self._read_response()
+        except asyncio.IncompleteReadError as exc:
+            raise ScrapeError(f"response cut short after {len(exc.partial)} bytes of a part") from None
+        except asyncio.LimitOverrunError as exc:
+            raise ScrapeError(f"response line too long ({exc})") from None
+
+    async def _read_response(self) -> tuple[int, bytes]:
         if self._writer is None or self._writer.is_closing():
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         reader, writer = self._reader, self._writer
@@ -134,7 +149,12 @@ class MetricsConnection:
                 raise ScrapeError(f"/metrics of {length} bytes is over {MAX_METRICS_BYTES}")
             body = await reader.readexactly(length)
         else:
-            body = await reader.read(MAX_METRICS_BYTES)
+            # No length: the body runs to the end of the connection.
+            body = await reader.read(MAX_METRICS_BYTES + 1)
+            while len(body) <= MAX_METRICS_BYTES and (more := await reader.read(MAX_METRICS_BYTES + 1 - len(body))):
+                body += more
+            if len(body) > MAX_METRICS_BYTES:
+                raise ScrapeError(f"/metrics over {MAX_METRICS_BYTES} bytes")
             keep_alive = False
         if not keep_alive:
             self.close()
@@ -146,7 +166,10 @@ class MetricsConnection:
         size_total = 0
         while True:
             line = await reader.readuntil(b"\r\n")
-            size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+            try:
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+            except ValueError:
+                raise ScrapeError(f"bad chunk size line {line[:40]!r}") from None
             if size == 0:
                 # Trailers (normally none) end with an empty line.
                 while await reader.readuntil(b"\r\n") != b"\r\n":
@@ -191,7 +214,10 @@ class Scraper:
                 started = time.monotonic()
                 await self.scrape_all()
                 for listener in self._round_listeners:
-                    listener()
+                    try:
+                        listener()
+                    except Exception:
+                        log.exception("a listener of scrape rounds failed")
                 # Next round after `interval`, or at once when woken.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
@@ -209,16 +235,18 @@ class Scraper:
         self.rounds += 1
 
     async def _scrape(self, endpoint: Endpoint) -> None:
-        connection = self._connections.get(endpoint.address)
-        if connection is None:
-            connection = self._connections[endpoint.address] = MetricsConnection(
-                endpoint.address, deadline=self.timeout
-            )
         try:
+            connection = self._connections.get(endpoint.address)
+            if connection is None:
+                connection = self._connections[endpoint.address] = MetricsConnection(
+                    endpoint.address, deadline=self.timeout
+                )
             status, body = await connection.get()
             ok = status == 200
             running, waiting = parse_queue(body) if ok else (0, 0)
-        except (OSError, TimeoutError, ScrapeError, ValueError) as exc:
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # whatever the endpoint answers, it is this endpoint's failure only
             log.debug("scrape of %s failed: %r", endpoint.address, exc)
             ok, running, waiting = False, 0, 0
         if not ok:

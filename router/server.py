@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine
+import socket
 from typing import Any
 
 import grpc
@@ -20,6 +20,7 @@ from cacheroute.router.picker import Picker
 from cacheroute.router.plans import DirectoryPlanSource, PlanStore
 from cacheroute.router.scrape import Scraper
 from cacheroute.router.settings import RouterSettings
+from cacheroute.router.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,29 @@ LIVENESS = "liveness"
 READINESS = "readiness"
 # A ConfigMap-assembled payload may be caught half-written; give it this long to complete.
 CONFIGMAP_SETTLE_SECONDS = 3.0
+
+
+class BindError(OSError):
+    """A listening address the router cannot bind; the message names it and says why."""
+
+
+def check_bindable(host: str, port: int, what: str) -> None:
+    """Raise BindError unless a TCP server could listen on host:port now.
+
+    gRPC reports a failed bind as a RuntimeError after logging several lines of its own; trying
+    the address first gives one line that names the option and the reason.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise BindError(f"{what} {host}:{port}: cannot resolve {host!r} ({exc})") from None
+    for family, kind, proto, _name, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise BindError(f"{what} {host}:{port}: cannot listen ({exc.strerror or exc})") from None
 
 
 class Router:
@@ -41,6 +65,8 @@ class Router:
             keys=settings.keys,
             seed=settings.seed,
             unplanned=settings.unplanned,
+            tokens_per_unit=settings.tokens_per_load_unit,
+            widen_planned=settings.widen_planned,
         )
         self.metrics = RouterMetrics(
             self.pool, sketch_size=settings.sketch_size, export_key_names=settings.export_key_names
@@ -63,8 +89,11 @@ class Router:
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
         self._metrics_server: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._watches: list[Any] = []
+        self.supervisor = Supervisor(
+            on_change=self._health_changed,
+            on_state=lambda name, up: self.metrics.task_up.labels(name).set(1 if up else 0),
+            on_restart=lambda name: self.metrics.task_restarts.labels(name).inc(),
+        )
         self._health_state: bool | None = None
         self._was_ready = False
 
@@ -73,12 +102,13 @@ class Router:
     @property
     def ready(self) -> bool:
         """Ready to route: a plan is in effect or some endpoint is known, and (when scraping)
-        every endpoint has been scraped once, so its readiness is known. Once ready, the router
-        stays ready: endpoints a later plan adds are simply not picked until scraped."""
+        every endpoint has been scraped once, so its readiness is known; and no background task
+        is down (waiting to be restarted after a failure). Once ready, the router stays ready
+        while its tasks run: endpoints a later plan adds are simply not picked until scraped."""
         if not self._was_ready:
             scraped = self.settings.scrape_interval <= 0 or all(e.scraped for e in self.pool.by_address.values())
             self._was_ready = (self.store.loaded or self.pool.known) and scraped
-        return self._was_ready
+        return self._was_ready and not self.supervisor.down
 
     def _health_changed(self) -> None:
         if self.ready == self._health_state:
@@ -101,6 +131,9 @@ class Router:
     async def start(self) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
+        # Both listening addresses are checked before anything starts, so a bad one is one error.
+        check_bindable(s.grpc_host, s.grpc_port, "grpc")
+        check_bindable(s.metrics_host, s.metrics_port, "metrics")
         self.pool.on_change(self._health_changed)
         self.pool.on_change(self.scraper.wake)
         self.store.on_applied(self._health_changed)
@@ -114,40 +147,49 @@ class Router:
         )
         ExternalProcessor(self.core).add_to(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        self.grpc_port = server.add_insecure_port(f"{s.grpc_host}:{s.grpc_port}")
+        try:
+            self.grpc_port = server.add_insecure_port(f"{s.grpc_host}:{s.grpc_port}")
+        except RuntimeError as exc:
+            raise BindError(f"grpc {s.grpc_host}:{s.grpc_port}: cannot listen ({exc})") from None
         if self.grpc_port == 0:
-            raise OSError(f"cannot listen on {s.grpc_host}:{s.grpc_port}")
+            raise BindError(f"grpc {s.grpc_host}:{s.grpc_port}: cannot listen")
         await server.start()
         self._server = server
-        self._metrics_server = self.metrics.serve(s.metrics_host, s.metrics_port)
+        try:
+            self._metrics_server = self.metrics.serve(s.metrics_host, s.metrics_port)
+        except OSError as exc:
+            where = f"{s.metrics_host}:{s.metrics_port}"
+            raise BindError(f"metrics {where}: cannot listen ({exc.strerror or exc})") from None
         self.metrics_port = int(self._metrics_server.server_address[1])
 
-        self._spawn(self.store.run(), "plan-store")
+        tasks = self.supervisor
+        tasks.spawn("plan-store", self.store.run)
         if s.plan_dir is not None:
             source = DirectoryPlanSource(s.plan_dir, self.store, interval=s.plan_poll_interval)
-            source.poll()
-            self._spawn(source.run(), "plan-dir")
+            with contextlib.suppress(OSError):
+                await source.poll_async()
+            tasks.spawn("plan-dir", source.run)
         if s.scrape_interval > 0:
-            self._spawn(self.scraper.run(), "scraper")
+            tasks.spawn("scraper", self.scraper.run)
         if s.watches_configmaps or s.service is not None:
             from cacheroute.router import kube
 
             api = await asyncio.to_thread(kube.api_client, s.kubeconfig)
             if s.watches_configmaps:
                 assert s.namespace is not None and s.pool is not None
-                watch = kube.ConfigMapPlanWatch(
-                    api, namespace=s.namespace, pool=s.pool, on_files=self._configmap_files, loop=loop
+                origin = f"ConfigMaps {s.namespace}/{s.pool}-plan*"
+                plan_watch = kube.ConfigMapPlanWatch(
+                    api, namespace=s.namespace, pool=s.pool, on_files=self._configmap_files, loop=loop,
+                    on_error=lambda error: self.store.reject(origin, error),
                 )
-                watch.start()
-                self._watches.append(watch)
+                tasks.spawn("watch-configmaps", plan_watch.run)
             if s.service is not None:
                 assert s.namespace is not None
                 slices = kube.EndpointSliceWatch(
                     api, namespace=s.namespace, service=s.service, target_port=s.target_port,
                     on_endpoints=self._slices, loop=loop,
                 )
-                slices.start()
-                self._watches.append(slices)
+                tasks.spawn("watch-endpointslices", slices.run)
         log.info("ext_proc gRPC on %s:%d, metrics on %s:%d, event loop %s.%s", s.grpc_host, self.grpc_port,
                  s.metrics_host, self.metrics_port, type(loop).__module__, type(loop).__name__)
 
@@ -158,28 +200,21 @@ class Router:
     def _slices(self, endpoints: dict[str, SliceEndpoint]) -> None:
         self.pool.set_slices(endpoints)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        task.add_done_callback(_report_crash)
-        self._tasks.append(task)
-
     async def stop(self, grace: float = 5.0) -> None:
         await self.health.enter_graceful_shutdown()
-        for watch in self._watches:
-            watch.stop()
         if self._server is not None:
             await self._server.stop(grace)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.supervisor.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
 
     async def serve_forever(self) -> None:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop(grace=0)
+            raise
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -188,7 +223,3 @@ class Router:
         log.info("stopping")
         await self.stop()
 
-
-def _report_crash(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("background task %s stopped", task.get_name(), exc_info=task.exception())

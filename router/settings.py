@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, UNPLANNED_MODES
-from cacheroute.planner.plan import KeyExtraction
+from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE, KeyExtraction
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
+from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT
 from cacheroute.router.eventloop import EVENT_LOOPS
 
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_METRICS_PORT = 9090
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_SKETCH_SIZE = 4096
+# The body cap's own ceiling: bodies are kept in memory while a key is looked for.
+MAX_BODY_BYTES_LIMIT = 64 * 1024 * 1024
+MAX_SKETCH_SIZE = 1_000_000
 
 
 class SettingsError(ValueError):
     """A setting with a value the router cannot use; the message names the setting."""
+
+
+def _check_range(name: str, value: float, lo: float, hi: float, *, open_low: bool = False, unit: str = "") -> None:
+    """Refuse NaN, infinities and values outside [lo, hi] (or (lo, hi]), naming the option."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SettingsError(f"{name} {value!r} is not a number")
+    if not math.isfinite(value) or value < lo or value > hi or (open_low and value == lo):
+        low = f"> {lo:g}" if open_low else f">= {lo:g}"
+        raise SettingsError(f"{name} {value!r} must be a finite number {low} and <= {hi:g}{unit}")
 
 
 def parse_address(text: str, what: str = "endpoint") -> str:
@@ -69,6 +83,8 @@ def _lower(value: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class RouterSettings:
+    # 0.0.0.0: every interface, which inside a pod means the pod's own address (what a gateway
+    # in another pod connects to). Outside a pod, bind a specific address.
     grpc_host: str = "0.0.0.0"
     grpc_port: int = DEFAULT_GRPC_PORT
     metrics_host: str = "0.0.0.0"
@@ -88,6 +104,10 @@ class RouterSettings:
     spill_slack: float = DEFAULT_SPILL_SLACK
     fallbacks: int = 0
     unplanned: str = DEFAULT_UNPLANNED
+    # Token-aware load: prompt tokens in flight that weigh one request (0: requests only).
+    tokens_per_load_unit: float = DEFAULT_TOKENS_PER_LOAD_UNIT
+    # Computed routes also get their key's ring candidates (`routing.key_candidates`).
+    widen_planned: bool = False
     scrape_interval: float = 0.5
     scrape_timeout: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -102,40 +122,37 @@ class RouterSettings:
     def __post_init__(self) -> None:
         for name in ("grpc_port", "metrics_port"):
             port = getattr(self, name)
-            if not 0 <= port < 65536:
-                raise SettingsError(f"{name.replace('_', '-')} {port} is not a TCP port")
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+                raise SettingsError(f"{name.replace('_', '-')} {port} is not a TCP port (0-65535, 0 picks a free one)")
+        for name in ("grpc_host", "metrics_host"):
+            if not getattr(self, name).strip():
+                raise SettingsError(f"{name.replace('_', '-')} must not be empty (0.0.0.0 listens everywhere)")
         if self.plan_dir is not None and self.pool is not None:
             raise SettingsError("give either plan-dir or pool (ConfigMaps through the API) as plan source, not both")
         if self.pool is not None and self.namespace is None:
             raise SettingsError(f"reading the ConfigMaps of pool {self.pool!r} needs namespace")
         if self.service is not None and self.namespace is None:
             raise SettingsError("watching EndpointSlices of a service needs namespace")
-        if self.spill_threshold is not None and not self.spill_threshold >= 1.0:
-            raise SettingsError(f"spill-threshold {self.spill_threshold} must be >= 1.0")
-        if self.spill_slack < 0:
-            raise SettingsError(f"spill-slack {self.spill_slack} must be >= 0")
-        if not 0 <= self.fallbacks <= 16:
-            raise SettingsError(f"fallbacks {self.fallbacks} must be between 0 and 16")
+        if self.spill_threshold is not None:
+            _check_range("spill-threshold", self.spill_threshold, *SPILL_THRESHOLD_RANGE)
+        _check_range("spill-slack", self.spill_slack, 0, 1e6, unit=" requests")
+        _check_range("fallbacks", self.fallbacks, 0, 16)
         if self.unplanned not in UNPLANNED_MODES:
             raise SettingsError(f"unplanned {self.unplanned!r} is not one of {', '.join(UNPLANNED_MODES)}")
-        if self.scrape_interval < 0:
-            raise SettingsError(f"scrape-interval {self.scrape_interval} must be >= 0 (0 turns scraping off)")
-        if self.scrape_timeout <= 0:
-            raise SettingsError(f"scrape-timeout {self.scrape_timeout} must be > 0")
-        if self.plan_poll_interval <= 0:
-            raise SettingsError(f"plan-poll-interval {self.plan_poll_interval} must be > 0")
-        if self.max_body_bytes < 0:
-            raise SettingsError(f"max-body-bytes {self.max_body_bytes} must be >= 0")
-        if self.sketch_size < 1:
-            raise SettingsError(f"sketch-size {self.sketch_size} must be >= 1")
+        _check_range("tokens-per-load-unit", self.tokens_per_load_unit, 0, 1e9, unit=" tokens (0: requests only)")
+        _check_range("scrape-interval", self.scrape_interval, 0, 3600, unit=" seconds (0 turns scraping off)")
+        _check_range("scrape-timeout", self.scrape_timeout, 0, 600, open_low=True, unit=" seconds")
+        _check_range("plan-poll-interval", self.plan_poll_interval, 0.01, 3600, unit=" seconds")
+        _check_range("max-body-bytes", self.max_body_bytes, 0, MAX_BODY_BYTES_LIMIT)
+        _check_range("sketch-size", self.sketch_size, 1, MAX_SKETCH_SIZE)
         if self.default_body_mode not in BODY_MODES:
             raise SettingsError(f"body-mode {self.default_body_mode!r} is not one of {', '.join(BODY_MODES)}")
         if self.event_loop not in EVENT_LOOPS:
             raise SettingsError(f"event-loop {self.event_loop!r} is not one of {', '.join(EVENT_LOOPS)}")
-        if self.keys.prompt_prefix_chars is not None and self.keys.prompt_prefix_chars < 0:
-            raise SettingsError(f"prompt-prefix-chars {self.keys.prompt_prefix_chars} must be >= 0")
+        if self.keys.prompt_prefix_chars is not None:
+            _check_range("prompt-prefix-chars", self.keys.prompt_prefix_chars, 0, MAX_PROMPT_PREFIX_CHARS)
         if self.target_port is not None and not 0 < self.target_port < 65536:
-            raise SettingsError(f"target-port {self.target_port} is not a TCP port")
+            raise SettingsError(f"target-port {self.target_port} is not a TCP port (1-65535)")
         object.__setattr__(self, "endpoints", tuple(parse_address(e) for e in self.endpoints))
 
     @property

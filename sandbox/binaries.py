@@ -540,7 +540,7 @@ app = typer.Typer(help="Build and locate the sandbox's programs.", no_args_is_he
 @app.command("ensure")
 def ensure_command(
     components: list[str] = typer.Argument(None, help="Components to build (default: all)."),  # noqa: B008
-    jobs: int = typer.Option(None, "--jobs", "-j", help=f"go build -p (default ${GO_JOBS_ENV} or 2)."),
+    jobs: int = typer.Option(None, "--jobs", "-j", min=1, max=64, help=f"go build -p (default ${GO_JOBS_ENV} or 2)."),
 ) -> None:
     """Build the pinned Go components that are not found; a no-op when all are cached."""
     console = Console(stderr=True)

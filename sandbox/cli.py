@@ -28,7 +28,7 @@ app = typer.Typer(
 app.add_typer(binaries.app, name="binaries")
 
 _NAME = typer.Option("default", "--name", help="Sandbox name; the state lives in ~/.cache/cacheroute/sandbox/NAME.")
-_STATE_DIR = typer.Option(None, "--state-dir", help="State directory (overrides --name).")
+_STATE_DIR = typer.Option(None, "--state-dir", file_okay=False, help="State directory (overrides --name).")
 
 
 def _state_dir(name: str, state_dir: Path | None) -> Path:
@@ -62,7 +62,7 @@ def up(
     nodes: int = typer.Option(4, "--nodes", min=1, max=250, help="Number of fake 8xH100 nodes."),
     prometheus: bool = typer.Option(True, "--prometheus/--no-prometheus", help="Start Prometheus."),
     build: bool = typer.Option(False, "--build", help="Build missing Go binaries first (needs Go)."),
-    timeout: float = typer.Option(120.0, "--timeout", min=5.0, help="Seconds to wait for everything."),
+    timeout: float = typer.Option(120.0, "--timeout", min=5.0, max=3600.0, help="Seconds to wait for everything."),
     pod_runtime: bool = typer.Option(
         True, "--pod-runtime/--no-pod-runtime", help="Run pods of the CacheRoute and vLLM images for real."
     ),
@@ -79,7 +79,7 @@ def up(
         typer.Option("--runtime-image", help="REPOSITORY=COMMAND: also run this image's containers, as COMMAND."),
     ] = None,
     emulator_load_seconds: float = typer.Option(
-        0.0, "--emulator-load-seconds", min=0.0, help="How long an emulated vLLM takes to load its model."
+        0.0, "--emulator-load-seconds", min=0.0, max=3600.0, help="How long an emulated vLLM takes to load its model."
     ),
 ) -> None:
     """Start the sandbox; its servers keep running after this command returns."""

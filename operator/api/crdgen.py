@@ -16,6 +16,7 @@ import yaml
 from cacheroute.operator.api.common import GROUP, VERSION
 from cacheroute.operator.api.plan import AffinityPlan
 from cacheroute.operator.api.pool import InferencePool
+from cacheroute.operator.files import write_atomically
 
 MODELS: tuple[type[InferencePool] | type[AffinityPlan], ...] = (InferencePool, AffinityPlan)
 _DROP_KEYS = {"title", "additionalProperties", "examples", "$defs", "uniqueItems"}
@@ -191,11 +192,20 @@ def render(model: type[InferencePool] | type[AffinityPlan]) -> str:
     return header + yaml.safe_dump(crd(model), sort_keys=False, width=120, allow_unicode=True)
 
 
+def rendered_files() -> dict[str, str]:
+    """Every file of crds/: the models' CRDs and kopf's peering CRDs."""
+    from cacheroute.operator.api.peering import PEERING_FILE, render_peering
+
+    files = {crd_file_name(model): render(model) for model in MODELS}
+    files[PEERING_FILE] = render_peering()
+    return files
+
+
 def write_crds(out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for model in MODELS:
-        path = out_dir / crd_file_name(model)
-        path.write_text(render(model), encoding="utf-8")
+    for name, text in rendered_files().items():
+        path = out_dir / name
+        write_atomically(path, text)
         written.append(path)
     return written

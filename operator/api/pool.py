@@ -19,6 +19,11 @@ from cacheroute.operator.api.common import (
 from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
 
 QUANTIZATIONS = ("bf16", "fp8")
+# An HTTP header field name (RFC 9110 token): what the router's plan validation accepts.
+HTTP_HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+# The vLLM release the operator's engine flags are checked against
+# (cacheroute/operator/fleet/vllm-serve-options-v0.31.0.txt).
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.31.0"
 
 
 class ConfigMapKeyRef(ApiModel):
@@ -56,7 +61,7 @@ class EnvVar(ApiModel):
 class EngineSpec(ApiModel):
     """The vLLM container."""
 
-    image: str = Field(default="vllm/vllm-openai:v0.11.0", min_length=1, max_length=512)
+    image: str = Field(default=DEFAULT_ENGINE_IMAGE, min_length=1, max_length=512)
     port: int = Field(default=8000, ge=1, le=65535)
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=128)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
@@ -121,9 +126,9 @@ class RouterSpec(ApiModel):
 
     replicas: int = Field(default=2, ge=0, le=64)
     image: str | None = Field(default=None, max_length=512, description="Defaults to the operator's own image.")
-    key_header: str = Field(default="x-affinity-key", min_length=1, max_length=256)
+    key_header: str = Field(default="x-affinity-key", min_length=1, max_length=256, pattern=HTTP_HEADER_NAME)
     body_field: str | None = Field(default="user", max_length=256, description="OpenAI request field holding the key.")
-    session_header: str | None = Field(default=None, max_length=256)
+    session_header: str | None = Field(default=None, min_length=1, max_length=256, pattern=HTTP_HEADER_NAME)
     prompt_prefix_chars: int = Field(
         default=0, ge=0, le=65536, description="If > 0, hash this many leading prompt characters when no key is given."
     )

@@ -10,11 +10,14 @@ import typer
 import yaml
 from rich.console import Console
 
-from cacheroute.operator.api.crdgen import MODELS, crd_file_name, render, write_crds
+from cacheroute.operator.api.crdgen import rendered_files, write_crds
 from cacheroute.operator.api.manifests import ManifestError, documents, parse_resource
 from cacheroute.operator.cli import memory as memory_commands
+from cacheroute.operator.cli import operator as operator_commands
 from cacheroute.operator.cli import plan as plan_commands
 from cacheroute.operator.cli import replay as replay_commands
+from cacheroute.operator.cli.errors import USAGE, CommandLine, describe_os_error, fail, report
+from cacheroute.operator.files import OutputPathError, check_output_dir
 from cacheroute.operator.version import package_version
 from cacheroute.router.cli import app as router_app
 from cacheroute.sandbox.cli import app as sandbox_app
@@ -22,12 +25,12 @@ from cacheroute.sandbox.cli import app as sandbox_app
 app = typer.Typer(
     name="cacheroute",
     help="Planned prefix-cache affinity for vLLM fleets on Kubernetes.",
+    cls=CommandLine,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 console = Console()
-err = Console(stderr=True)
 
 
 @app.command()
@@ -38,23 +41,26 @@ def version() -> None:
 
 @app.command()
 def crds(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the CRD YAML files into.")] = Path(
-        "crds"
-    ),
+    out: Annotated[
+        Path, typer.Option("--out", "-o", file_okay=False, help="Directory to write the CRD YAML files into.")
+    ] = Path("crds"),
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; fail if the files in --out differ from the models.")
     ] = False,
 ) -> None:
     """Generate the CustomResourceDefinitions from the typed models."""
+    try:
+        check_output_dir(out, "--out")
+    except OutputPathError as exc:
+        raise fail(str(exc)) from None
     if check:
         stale = [
-            crd_file_name(m)
-            for m in MODELS
-            if not (out / crd_file_name(m)).is_file() or (out / crd_file_name(m)).read_text("utf-8") != render(m)
+            name
+            for name, text in rendered_files().items()
+            if not (out / name).is_file() or (out / name).read_text("utf-8") != text
         ]
         if stale:
-            err.print(f"[red]out of date in {out}:[/] {', '.join(stale)} — run `cacheroute crds --out {out}`")
-            raise typer.Exit(1)
+            raise fail(f"out of date in {out}: {', '.join(stale)} — run `cacheroute crds --out {out}`", 1)
         console.print(f"CRDs in {out} match the models")
         return
     for path in write_crds(out):
@@ -65,31 +71,50 @@ def crds(
 def validate(
     files: Annotated[list[Path], typer.Argument(help="YAML manifests (multi-document allowed); - reads stdin.")],
 ) -> None:
-    """Check InferencePool and AffinityPlan manifests offline, with the API server's rules."""
+    """Check InferencePool and AffinityPlan manifests offline, with the API server's rules.
+
+    Exit status 2 when any file is unreadable, holds no document, or holds an invalid one.
+    """
     failed = 0
     for path in files:
         try:
             text = sys.stdin.read() if str(path) == "-" else path.read_text("utf-8")
             docs = list(documents(text, str(path)))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        except OSError as exc:
             failed += 1
-            err.print(f"[red]unreadable[/] {path}: {exc}")
+            report(f"unreadable {path}: {describe_os_error(exc)}")
+            continue
+        except UnicodeDecodeError as exc:
+            failed += 1
+            report(f"unreadable {path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+            continue
+        except yaml.YAMLError as exc:
+            failed += 1
+            report(f"unreadable {path}: not YAML ({exc})")
+            continue
+        except RecursionError:
+            failed += 1
+            report(f"unreadable {path}: nested too deeply")
+            continue
+        if not docs:
+            failed += 1
+            report(f"{path}: no manifest in it (empty, or only comments)")
             continue
         for where, doc in docs:
             try:
                 obj = parse_resource(doc, where)
             except ManifestError as exc:
                 failed += 1
-                err.print(f"[red]invalid[/] {exc}")
+                report(f"invalid {exc}")
                 continue
-            console.print(f"[green]ok[/] {where}: {obj.kind} {obj.metadata.name or '(unnamed)'}")
+            console.print(f"[green]ok[/] {where}: {obj.kind} {obj.metadata.name or '(unnamed)'}", soft_wrap=True)
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(USAGE)
 
 
 # Sub-commands of the other components, imported explicitly so that every tool following imports
 # sees the links (and the import contracts in pyproject.toml can check them).
-for _commands in (plan_commands, replay_commands, memory_commands):
+for _commands in (plan_commands, replay_commands, memory_commands, operator_commands):
     _commands.register(app)
 app.add_typer(router_app, name="router")
 app.add_typer(sandbox_app, name="sandbox")

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cacheroute.operator.cli.errors import fail
 from cacheroute.planner.memory import (
     KV_CACHE_DTYPES,
     QUANTIZATIONS,
@@ -25,10 +26,16 @@ from cacheroute.planner.memory import (
     plan_memory,
     preset,
 )
+from cacheroute.planner.memory.gpus import MAX_GPU_MEMORY_GIB
 from cacheroute.planner.memory.presets import PRESET_CONFIGS, preset_key
 
 GIB = 1 << 30
 OUTPUTS = ("table", "json", "args")
+# A Hugging Face config.json is a few kilobytes; anything past this is not one.
+MAX_CONFIG_BYTES = 16 << 20
+# Bounds of the token counts, as the InferencePool allows them (memory.maxModelLen, maxNumBatchedTokens).
+MAX_MODEL_LEN = 10_485_760
+MAX_MNBT = 1_048_576
 
 
 def _load_model(spec: str) -> ModelArchitecture:
@@ -38,23 +45,33 @@ def _load_model(spec: str) -> ModelArchitecture:
     path = Path(spec)
     if not path.exists():
         raise MemoryPlanError(f"model {spec!r} is neither a preset ({', '.join(PRESET_CONFIGS)}) nor a file")
+    if not path.is_file():
+        raise MemoryPlanError(f"model {spec!r}: {path} is not a file (give a config.json)")
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise MemoryPlanError(f"model {spec!r}: {path} is over {MAX_CONFIG_BYTES >> 20} MiB, not a config.json")
         config = json.loads(path.read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MemoryPlanError(f"cannot read {path} as a config.json: {exc}") from exc
+    except OSError as exc:
+        raise MemoryPlanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise MemoryPlanError(f"cannot read {path} as a config.json: not UTF-8 ({exc.reason})") from None
+    except RecursionError:
+        raise MemoryPlanError(f"cannot read {path} as a config.json: nested too deeply") from None
+    except ValueError as exc:  # bad JSON, or an integer of thousands of digits
+        raise MemoryPlanError(f"cannot read {path} as a config.json: {exc}") from None
     name = config.get("_name_or_path") if isinstance(config, dict) else None
     return architecture_from_config(config, name=name or path.parent.name or path.stem)
 
 
-def _count_or_auto(value: str, option: str) -> int | None:
+def _count_or_auto(value: str, option: str, limit: int) -> int | None:
     if value.strip().lower() == "auto":
         return None
-    try:
-        number = int(value.replace(",", "").replace("_", ""))
-    except ValueError:
-        raise typer.BadParameter(f"{value!r} is neither auto nor a whole number", param_hint=option) from None
-    if number < 1:
-        raise typer.BadParameter(f"{value!r} must be positive", param_hint=option)
+    digits = value.replace(",", "").replace("_", "").strip()
+    if not digits.isascii() or not digits.lstrip("-").isdigit() or len(digits) > 20:
+        raise typer.BadParameter(f"{value!r} is neither auto nor a whole number", param_hint=option)
+    number = int(digits)
+    if not 1 <= number <= limit:
+        raise typer.BadParameter(f"{value!r} must be between 1 and {limit:,}", param_hint=option)
     return number
 
 
@@ -135,9 +152,15 @@ def memory_plan(
         "h100-80gb"
     ),
     gpu_memory_gib: Annotated[
-        float | None, typer.Option("--gpu-memory-gib", help="Memory CUDA reports, for a GPU that is not a preset.")
+        float | None,
+        typer.Option(
+            "--gpu-memory-gib",
+            min=0.001,
+            max=MAX_GPU_MEMORY_GIB,
+            help="Memory CUDA reports, for a GPU that is not a preset.",
+        ),
     ] = None,
-    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor parallel size.")] = 1,
+    tp: Annotated[int, typer.Option("--tp", min=1, max=64, help="Tensor parallel size.")] = 1,
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or fp8.")] = "auto",
     max_model_len: Annotated[
         str | None,
@@ -146,11 +169,18 @@ def memory_plan(
     mnbt: Annotated[
         str, typer.Option("--mnbt", "--max-num-batched-tokens", help="auto (choose) or a token count.")
     ] = "auto",
-    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="Default: vLLM's.")] = None,
-    margin_gib: Annotated[float, typer.Option("--margin-gib", min=0, help="Safety margin kept free.")] = 1.0,
+    max_num_seqs: Annotated[
+        int | None, typer.Option("--max-num-seqs", min=1, max=65_536, help="Default: vLLM's.")
+    ] = None,
+    margin_gib: Annotated[float, typer.Option("--margin-gib", min=0, max=64, help="Safety margin kept free.")] = 1.0,
     weights_gib: Annotated[
         float | None,
-        typer.Option("--weights-gib", min=0.001, help="Weights per GPU, e.g. from vLLM's 'Model loading took'."),
+        typer.Option(
+            "--weights-gib",
+            min=0.001,
+            max=MAX_GPU_MEMORY_GIB,
+            help="Weights per GPU, e.g. from vLLM's 'Model loading took'.",
+        ),
     ] = None,
     mamba_ssm_dtype: Annotated[
         str | None, typer.Option("--mamba-ssm-dtype", help="SSM state dtype of hybrids (bfloat16, float32).")
@@ -160,13 +190,12 @@ def memory_plan(
 ) -> None:
     """Choose vLLM's memory flags from the model's worst-case execution path."""
     console = Console()
-    err = Console(stderr=True)
     output = _choice(output, OUTPUTS, "--output")
     quant = _choice(quantization.lower(), QUANTIZATIONS, "--quantization")
     kv_dtype = _choice(kv_cache_dtype.lower(), KV_CACHE_DTYPES, "--kv-cache-dtype")
     auto_len = max_model_len is not None and max_model_len.strip().lower() == "auto"
-    length = None if max_model_len is None else _count_or_auto(max_model_len, "--max-model-len")
-    batched = _count_or_auto(mnbt, "--mnbt")
+    length = None if max_model_len is None else _count_or_auto(max_model_len, "--max-model-len", MAX_MODEL_LEN)
+    batched = _count_or_auto(mnbt, "--mnbt", MAX_MNBT)
     try:
         gpu_model = custom_gpu(gpu_memory_gib, gpu) if gpu_memory_gib is not None else gpu_by_name(gpu)
         request = PlanRequest(
@@ -186,8 +215,8 @@ def memory_plan(
         )
         plan = plan_memory(request)
     except MemoryPlanError as exc:
-        err.print(Text("error: ", style="bold red") + Text(str(exc)))
-        raise typer.Exit(1) from None
+        # The model, the GPU and the flags given do not make a plan: bad input.
+        raise fail(str(exc)) from None
     if output == "json":
         document: dict[str, Any] = plan.to_dict()
         typer.echo(json.dumps(document, indent=2))

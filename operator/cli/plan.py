@@ -18,12 +18,14 @@ from rich.table import Table
 
 from cacheroute.operator.api.manifests import field_errors
 from cacheroute.operator.api.plan import MAX_DESTINATIONS_PER_KEY, MAX_PINNED, AffinityPlan
+from cacheroute.operator.cli.errors import describe_os_error, fail
 from cacheroute.operator.cli.statsfile import COLUMNS, StatsFileError, read_stats
+from cacheroute.operator.files import OutputPathError, atomic_open, check_output_file, write_atomically
 from cacheroute.planner.errors import PlanInputError
 from cacheroute.planner.keystats import KeyStats, key_stats_from_trace
 from cacheroute.planner.load import CostModel
-from cacheroute.planner.plan import Destination, Plan, PlanError
-from cacheroute.planner.plan_format import PlanPayload, decode_plan, encode_plan
+from cacheroute.planner.plan import MAX_DESTINATIONS, MAX_ROUTES, Destination, Plan, PlanError, validate_plan
+from cacheroute.planner.plan_format import MAX_PAYLOAD_BYTES, PlanPayload, decode_plan, encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
 from cacheroute.planner.settings import Budget, Stability
 
@@ -41,30 +43,31 @@ PLAN_HELP = "\n\n".join(
         '-o json writes {"version", "pool", "binaryData": {file: base64 of gzip}, "configMaps": [{"name", '
         '"binaryData"}]}: each configMaps entry is the binaryData of one ConfigMap. -o yaml writes a Manual '
         "AffinityPlan whose pinned routes are the plan, keys in clear, for review in Git. -o table prints a summary.",
+        f"Every plan passes validate_plan (at most {MAX_ROUTES:,} routes, {MAX_DESTINATIONS:,} destinations, "
+        "addresses ip:port or host:port) before it is written. --out is replaced through a temporary file in the "
+        "same folder; a plan without routes does not replace one with routes unless --allow-empty is given.",
     ]
 )
 
 err = Console(stderr=True)
+# Limits of the numeric options: what a pool can be, and what keeps planning a matter of seconds.
+MAX_KV_CAPACITY_TOKENS = 1 << 40
+MAX_TRACE_SECONDS = 1e12
 
 
 class CliInputError(ValueError):
     """Command-line input that cannot be used; printed without a traceback."""
 
 
-def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}", highlight=False, markup=True)
-    return typer.Exit(2)
-
-
 def parse_budget_tokens(text: str) -> int | Literal["auto"]:
     if text.strip().lower() == "auto":
         return "auto"
-    try:
-        value = int(text)
-    except ValueError:
-        raise CliInputError(f"--budget-tokens must be 'auto' or a whole number of tokens, got {text!r}") from None
-    if value < 0:
-        raise CliInputError(f"--budget-tokens must be >= 0, got {value}")
+    digits = text.strip()
+    if not digits.isascii() or not digits.lstrip("-").isdigit() or len(digits) > 20:
+        raise CliInputError(f"--budget-tokens must be 'auto' or a whole number of tokens, got {text!r}")
+    value = int(digits)
+    if not 0 <= value <= MAX_KV_CAPACITY_TOKENS:
+        raise CliInputError(f"--budget-tokens must be between 0 and {MAX_KV_CAPACITY_TOKENS:,}, got {value}")
     return value
 
 
@@ -78,23 +81,43 @@ def _destination(obj: object, where: str) -> Destination:
         raise CliInputError(f"{where}: id must be a non-empty string, got {obj.get('id')!r}")
     weight = obj.get("weight", 1.0)
     kv = obj.get("kvCapacityTokens", 0)
+    address = obj.get("address", "")
     if isinstance(weight, bool) or not isinstance(weight, int | float):
         raise CliInputError(f"{where}: weight must be a number, got {weight!r}")
     if isinstance(kv, bool) or not isinstance(kv, int):
         raise CliInputError(f"{where}: kvCapacityTokens must be an integer, got {kv!r}")
-    return Destination(obj["id"], str(obj.get("address", "")), float(weight), kv)
+    if not isinstance(address, str):
+        raise CliInputError(f"{where}: address must be a string (ip:port or host:port), got {address!r}")
+    try:
+        return Destination(obj["id"], address, float(weight), kv)
+    except OverflowError:
+        raise CliInputError(f"{where}: weight {weight!r} is not a finite number") from None
+
+
+def _read_text(path: Path, what: str) -> str:
+    """A UTF-8 input file's text; CliInputError naming the file otherwise."""
+    try:
+        return path.read_text("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliInputError(f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise CliInputError(f"{what} {path}: {exc.strerror or exc}") from None
 
 
 def read_destinations(path: Path) -> list[Destination]:
     """A destinations file: YAML or JSON list of {id, address, weight, kvCapacityTokens}."""
     try:
-        doc = yaml.safe_load(path.read_text("utf-8"))
+        doc = yaml.safe_load(_read_text(path, "--destinations-file"))
     except yaml.YAMLError as exc:
-        raise CliInputError(f"{path}: not YAML/JSON ({exc})") from None
+        raise CliInputError(f"{path}: not YAML/JSON ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise CliInputError(f"{path}: nested too deeply") from None
     if isinstance(doc, Mapping) and "destinations" in doc:
         doc = doc["destinations"]
     if not isinstance(doc, list):
         raise CliInputError(f"{path}: expected a list of destinations (or an object with a destinations list)")
+    if len(doc) > MAX_DESTINATIONS:
+        raise CliInputError(f"{path}: {len(doc):,} destinations, at most {MAX_DESTINATIONS:,}")
     return [_destination(d, f"{path} destinations[{i}]") for i, d in enumerate(doc)]
 
 
@@ -128,11 +151,14 @@ def payload_json(payload: PlanPayload, pool: str) -> dict[str, Any]:
 
 def read_payload_json(path: Path) -> Plan:
     """A previous plan, as written by `cacheroute plan -o json`."""
+    if path.stat().st_size > 2 * MAX_PAYLOAD_BYTES:
+        raise CliInputError(f"{path}: larger than any plan written by `cacheroute plan -o json`")
+    text = _read_text(path, "plan")
     try:
-        doc = json.loads(path.read_text("utf-8"))
+        doc = json.loads(text)
         files = {name: base64.b64decode(data, validate=True) for name, data in doc["binaryData"].items()}
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise CliInputError(f"{path}: not a plan written by `cacheroute plan -o json` ({exc})") from None
+    except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+        raise CliInputError(f"{path}: not a plan written by `cacheroute plan -o json` ({exc!r})") from None
     try:
         return decode_plan(files)
     except PlanError as exc:
@@ -236,15 +262,21 @@ def _load_stats(
         if start is not None or end is not None:
             raise CliInputError("--window-start/--window-end apply to --trace only")
         return read_stats(stats_file)
-    from cacheroute.planner.mooncake import TraceFormatError, read_mooncake
+    if start is not None and end is not None and not start < end:
+        raise CliInputError(f"--window-start {start:g} must come before --window-end {end:g}")
+    from cacheroute.planner.mooncake import TraceFormatError, parse_key_spec, read_mooncake
 
     assert trace is not None
+    try:
+        parse_key_spec(key)
+    except ValueError as exc:
+        raise CliInputError(f"--key: {exc}") from None
     try:
         parsed = read_mooncake(trace, key=key)
     except TraceFormatError as exc:
         raise CliInputError(str(exc)) from None
-    except ValueError as exc:  # a bad --key spec
-        raise CliInputError(f"--key: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CliInputError(f"--trace {trace}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return key_stats_from_trace(parsed, start, end)
 
 
@@ -254,11 +286,31 @@ def _destinations(count: int | None, path: Path | None, pool: str, kv_capacity: 
     if path is not None:
         return read_destinations(path)
     assert count is not None
-    if count < 1:
-        raise CliInputError(f"--destinations must be >= 1, got {count}")
-    if kv_capacity < 0:
-        raise CliInputError(f"--kv-capacity-tokens must be >= 0, got {kv_capacity}")
     return [Destination(f"{pool}-{i}", "", 1.0, kv_capacity) for i in range(count)]
+
+
+def refuse_emptying(out: Path, plan: Plan) -> None:
+    """Refuse to replace a plan that has routes with one that has none (`--allow-empty` overrides)."""
+    if len(plan) or not out.is_file():
+        return
+    try:
+        existing = read_payload_json(out)
+    except (CliInputError, OSError):
+        return  # not a plan: nothing a router would lose
+    if len(existing):
+        raise CliInputError(
+            f"--out {out} holds a plan with {len(existing):,} routes and the new plan has none "
+            "(no key qualified); give --allow-empty to replace it anyway"
+        )
+
+
+def _write_table(out: Path | None, result: PlanResult, stats: KeyStats, payload: PlanPayload) -> None:
+    if out is None:
+        summary_table(result, stats, payload, Console())
+        return
+    with atomic_open(out) as handle:
+        summary_table(result, stats, payload, Console(file=handle, width=160))
+    err.print(f"wrote {out}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -267,48 +319,91 @@ def register(app: typer.Typer) -> None:
     @app.command("plan", help=PLAN_HELP)
     def plan_command(
         *,
-        trace: Annotated[Path | None, typer.Option("--trace", help="Mooncake JSONL trace.")] = None,
+        trace: Annotated[
+            Path | None, typer.Option("--trace", exists=True, dir_okay=False, help="Mooncake JSONL trace.")
+        ] = None,
         stats_file: Annotated[
-            Path | None, typer.Option("--stats", help=f"Per-key statistics, CSV or JSON lines ({', '.join(COLUMNS)}).")
+            Path | None,
+            typer.Option(
+                "--stats",
+                exists=True,
+                dir_okay=False,
+                help=f"Per-key statistics, CSV or JSON lines ({', '.join(COLUMNS)}).",
+            ),
         ] = None,
         destinations: Annotated[
-            int | None, typer.Option("--destinations", help="Number of identical destinations <pool>-<i>.")
+            int | None,
+            typer.Option(
+                "--destinations", min=1, max=MAX_DESTINATIONS, help="Number of identical destinations <pool>-<i>."
+            ),
         ] = None,
         destinations_file: Annotated[
-            Path | None, typer.Option("--destinations-file", help="YAML/JSON list of destinations.")
+            Path | None,
+            typer.Option("--destinations-file", exists=True, dir_okay=False, help="YAML/JSON list of destinations."),
         ] = None,
         kv_capacity: Annotated[
-            int, typer.Option("--kv-capacity-tokens", help="KV capacity of each --destinations replica.")
+            int,
+            typer.Option(
+                "--kv-capacity-tokens",
+                min=0,
+                max=MAX_KV_CAPACITY_TOKENS,
+                help="KV capacity of each --destinations replica.",
+            ),
         ] = 0,
         pool: Annotated[str, typer.Option("--pool", help="Pool name (ConfigMap <pool>-plan).")] = "pool",
         budget_tokens: Annotated[
             str, typer.Option("--budget-tokens", help="Warm KV tokens per destination, or auto.")
         ] = "auto",
         auto_fraction: Annotated[
-            float, typer.Option("--auto-fraction", help="With auto: share of each destination's KV capacity.")
+            float,
+            typer.Option(
+                "--auto-fraction", min=0.001, max=1.0, help="With auto: share of each destination's KV capacity."
+            ),
         ] = 0.6,
-        max_per_key: Annotated[int, typer.Option("--max-destinations-per-key", help="Replicas of a hot key.")] = 4,
+        max_per_key: Annotated[
+            int,
+            typer.Option(
+                "--max-destinations-per-key", min=1, max=MAX_DESTINATIONS_PER_KEY, help="Replicas of a hot key."
+            ),
+        ] = 4,
         max_key_share: Annotated[
-            float, typer.Option("--max-key-share", help="Largest share of a destination one key may take.")
+            float,
+            typer.Option(
+                "--max-key-share", min=0.001, max=1.0, help="Largest share of a destination one key may take."
+            ),
         ] = 0.5,
         max_churn: Annotated[
-            float, typer.Option("--max-churn", help="Largest share of load moved vs --previous.")
+            float, typer.Option("--max-churn", min=0.0, max=1.0, help="Largest share of load moved vs --previous.")
         ] = 0.1,
-        min_gain: Annotated[float, typer.Option("--min-gain", help="Smallest relative gain worth a move.")] = 0.02,
+        min_gain: Annotated[
+            float, typer.Option("--min-gain", min=0.0, max=1.0, help="Smallest relative gain worth a move.")
+        ] = 0.02,
         previous: Annotated[
-            Path | None, typer.Option("--previous", help="Previous plan (as written by -o json), for low churn.")
+            Path | None,
+            typer.Option(
+                "--previous", exists=True, dir_okay=False, help="Previous plan (as written by -o json), for low churn."
+            ),
         ] = None,
         pin: Annotated[
             list[str] | None, typer.Option("--pin", help="KEY=DEST[,DEST...]: always route KEY there (repeatable).")
         ] = None,
-        window_start: Annotated[float | None, typer.Option("--window-start", help="Trace seconds, inclusive.")] = None,
-        window_end: Annotated[float | None, typer.Option("--window-end", help="Trace seconds, exclusive.")] = None,
+        window_start: Annotated[
+            float | None,
+            typer.Option("--window-start", min=0.0, max=MAX_TRACE_SECONDS, help="Trace seconds, inclusive."),
+        ] = None,
+        window_end: Annotated[
+            float | None, typer.Option("--window-end", min=0.0, max=MAX_TRACE_SECONDS, help="Trace seconds, exclusive.")
+        ] = None,
         key: Annotated[str, typer.Option("--key", help="Trace key: first-blocks:K or thread.")] = "first-blocks:4",
         prefill_s: Annotated[
-            float, typer.Option("--prefill-s-per-token", help="Cost model: prefill seconds per prompt token.")
+            float,
+            typer.Option(
+                "--prefill-s-per-token", min=0.0, max=1.0, help="Cost model: prefill seconds per prompt token."
+            ),
         ] = CostModel.prefill_s_per_token,
         decode_s: Annotated[
-            float, typer.Option("--decode-s-per-token", help="Cost model: decode seconds per output token.")
+            float,
+            typer.Option("--decode-s-per-token", min=0.0, max=1.0, help="Cost model: decode seconds per output token."),
         ] = CostModel.decode_s_per_token,
         name: Annotated[
             str | None, typer.Option("--name", help="AffinityPlan name for -o yaml (default: pool).")
@@ -317,11 +412,19 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--generated-at", help="Generation time to record (default: now, UTC).")
         ] = None,
         output: Annotated[str, typer.Option("--output", "-o", help="json, yaml or table.")] = "table",
-        out: Annotated[Path | None, typer.Option("--out", help="Write to this file instead of stdout.")] = None,
+        out: Annotated[
+            Path | None, typer.Option("--out", dir_okay=False, help="Write to this file instead of stdout.")
+        ] = None,
+        allow_empty: Annotated[
+            bool,
+            typer.Option("--allow-empty", help="Let a plan without routes replace a plan with routes in --out."),
+        ] = False,
     ) -> None:
         if output not in ("json", "yaml", "table"):
-            raise _fail(f"-o must be json, yaml or table, got {output!r}")
+            raise fail(f"-o must be json, yaml or table, got {output!r}")
         try:
+            if out is not None:
+                check_output_file(out, "--out")
             with err.status("reading input…"):
                 stats = _load_stats(trace, stats_file, key, window_start, window_end)
                 dests = _destinations(destinations, destinations_file, pool, kv_capacity)
@@ -350,7 +453,10 @@ def register(app: typer.Typer) -> None:
                     pinned=pins,
                     generated_at=generated_at or datetime.now(UTC).isoformat(timespec="seconds"),
                 )
+                validate_plan(result.plan)
                 payload = encode_plan(result.plan)
+            if out is not None and output == "json" and not allow_empty:
+                refuse_emptying(out, result.plan)
             known = set(stats.names) if pins else set()
             unknown_pins = {k: v for k, v in pins.items() if k not in known}
             text = ""
@@ -372,19 +478,18 @@ def register(app: typer.Typer) -> None:
                     pins_without_stats=unknown_pins,
                 )
                 text = yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True)
-        except (CliInputError, StatsFileError, PlanInputError, PlanError) as exc:
-            raise _fail(str(exc)) from None
+        except (CliInputError, StatsFileError, PlanInputError, PlanError, OutputPathError) as exc:
+            raise fail(str(exc)) from None
         except OSError as exc:
-            raise _fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None
-        if output == "table":
-            console = Console(file=out.open("w", encoding="utf-8"), width=160) if out else Console()
-            summary_table(result, stats, payload, console)
-            if out:
-                console.file.close()
-                err.print(f"wrote {out}")
-            return
-        if out is not None:
-            out.write_text(text, "utf-8")
-            err.print(f"wrote {out} (plan {payload.version})")
-        else:
-            typer.echo(text, nl=False)
+            raise fail(describe_os_error(exc)) from None
+        try:
+            if output == "table":
+                _write_table(out, result, stats, payload)
+            elif out is not None:
+                write_atomically(out, text)
+                err.print(f"wrote {out} (plan {payload.version})", soft_wrap=True)
+            else:
+                typer.echo(text, nl=False)
+        except OSError as exc:
+            # The previous file, if any, is intact: the new one was written beside it.
+            raise fail(f"cannot write --out {out}: {exc.strerror or exc}", 1) from None

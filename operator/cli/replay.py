@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cacheroute.operator.cli.errors import fail
+from cacheroute.operator.files import OutputPathError, check_output_dir, write_with
 from cacheroute.planner.mooncake import TraceFormatError, infer_threads, parse_key_spec, read_mooncake
 from cacheroute.planner.replay.capacity import DEFAULT_SLO_P99_TTFT_S, CapacityResult, Probe, base_qps, find_capacity
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, PROFILES, get_profile
@@ -38,16 +40,14 @@ With --out DIR the command writes replay.json (settings, workload statistics, pe
 and two plots: ttft_p99_vs_qps.png and kv_hit.png.
 """
 
-err = Console(stderr=True)
+# Limits of the numeric options: a fleet the size a pool may be, rates and times a replay can run.
+MAX_DESTINATIONS = 1024
+MAX_QPS = 1e6
+MAX_SECONDS = 1e9
 
 
 class ReplayInputError(ValueError):
     """Command-line input that cannot be used; printed without a traceback."""
-
-
-def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}", highlight=False)
-    return typer.Exit(2)
 
 
 def parse_qps_list(text: str) -> list[float]:
@@ -59,8 +59,8 @@ def parse_qps_list(text: str) -> list[float]:
             q = float(part)
         except ValueError:
             raise ReplayInputError(f"--qps must be numbers separated by commas, got {part.strip()!r}") from None
-        if not (math.isfinite(q) and q > 0):
-            raise ReplayInputError(f"--qps values must be positive, got {part.strip()!r}")
+        if not (math.isfinite(q) and 0 < q <= MAX_QPS):
+            raise ReplayInputError(f"--qps values must be positive and at most {MAX_QPS:g}, got {part.strip()!r}")
         out.append(q)
     if not out:
         raise ReplayInputError("--qps is empty")
@@ -86,6 +86,8 @@ def load_workload(workload: str | None, trace: Path | None, key: str, seed: int,
             tr = read_mooncake(trace, key=key)
         except OSError as exc:
             raise ReplayInputError(f"cannot read --trace {trace}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ReplayInputError(f"--trace {trace}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         thread = infer_threads(tr)
         info = {"trace": str(trace), "key": key}
     if duration is not None:
@@ -141,6 +143,13 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def _save_png(fig: Any, path: Path) -> None:
+    def save(staged: Path) -> None:
+        fig.savefig(staged, dpi=120, format="png")
+
+    write_with(path, save)
+
+
 def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tuple[float, float]]],
                   hits: dict[str, float], slo: float) -> list[Path]:
     import matplotlib
@@ -151,7 +160,8 @@ def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tupl
     out.mkdir(parents=True, exist_ok=True)
     written = []
     path = out / "replay.json"
-    path.write_text(json.dumps(_clean(report), indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(_clean(report), indent=2) + "\n"
+    write_with(path, lambda staged: staged.write_text(text, encoding="utf-8"))
     written.append(path)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -170,7 +180,7 @@ def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tupl
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "ttft_p99_vs_qps.png"
-    fig.savefig(path, dpi=120)
+    _save_png(fig, path)
     plt.close(fig)
     written.append(path)
 
@@ -182,7 +192,7 @@ def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tupl
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     path = out / "kv_hit.png"
-    fig.savefig(path, dpi=120)
+    _save_png(fig, path)
     plt.close(fig)
     written.append(path)
     return written
@@ -193,34 +203,46 @@ def register(app: typer.Typer) -> None:
     def replay(
         *,
         workload: Annotated[str | None, typer.Option(help=f"generated workload: {', '.join(PRESETS)}")] = None,
-        trace: Annotated[Path | None, typer.Option(help="Mooncake JSONL trace")] = None,
+        trace: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Mooncake JSONL trace")] = None,
         key: Annotated[
             str, typer.Option(help="affinity key of a trace: first-blocks:K, thread, none")
         ] = "first-blocks:4",
-        destinations: Annotated[int, typer.Option(help="number of destinations (vLLM replicas)")] = 30,
+        destinations: Annotated[
+            int, typer.Option(min=1, max=MAX_DESTINATIONS, help="number of destinations (vLLM replicas)")
+        ] = 30,
         policies: Annotated[
             str, typer.Option(help="comma-separated policies, or all")
         ] = "p2c,prefix-tree,preble,cacheroute",
         qps: Annotated[str | None, typer.Option(help="replay rates, comma-separated (requests/s)")] = None,
         capacity: Annotated[bool, typer.Option("--capacity", help="search each policy's capacity")] = False,
         slo_p99_ttft: Annotated[
-            float, typer.Option("--slo-p99-ttft", help="p99 TTFT SLO in seconds")
+            float, typer.Option("--slo-p99-ttft", min=0.001, max=3600.0, help="p99 TTFT SLO in seconds")
         ] = DEFAULT_SLO_P99_TTFT_S,
-        seed: Annotated[int, typer.Option(help="seed of the workload and of the policies")] = 0,
-        duration: Annotated[float | None, typer.Option(help="replay only the first DURATION seconds")] = None,
+        seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the workload and of the policies")] = 0,
+        duration: Annotated[
+            float | None, typer.Option(min=0.001, max=MAX_SECONDS, help="replay only the first DURATION seconds")
+        ] = None,
         profile: Annotated[str, typer.Option(help=f"engine profile: {', '.join(PROFILES)}")] = DEFAULT_PROFILE.name,
         kv_capacity_tokens: Annotated[
-            int | None, typer.Option(help="KV tokens per destination (default: the profile's)")
+            int | None, typer.Option(min=1, max=1 << 40, help="KV tokens per destination (default: the profile's)")
         ] = None,
-        warmup: Annotated[float, typer.Option(help="share of requests left out of the figures")] = 0.1,
+        warmup: Annotated[
+            float, typer.Option(min=0.0, max=0.99, help="share of requests left out of the figures")
+        ] = 0.1,
         plan_period: Annotated[
-            float, typer.Option(help="CacheRoute control period, seconds")
+            float, typer.Option(min=0.001, max=MAX_SECONDS, help="CacheRoute control period, seconds")
         ] = DEFAULT_CONTROL_PERIOD_S,
-        plan_window: Annotated[float, typer.Option(help="CacheRoute statistics window, seconds")] = DEFAULT_WINDOW_S,
-        out: Annotated[Path | None, typer.Option(help="directory for replay.json and the plots")] = None,
+        plan_window: Annotated[
+            float, typer.Option(min=0.001, max=MAX_SECONDS, help="CacheRoute statistics window, seconds")
+        ] = DEFAULT_WINDOW_S,
+        out: Annotated[
+            Path | None, typer.Option(file_okay=False, help="directory for replay.json and the plots")
+        ] = None,
     ) -> None:
         console = Console(width=140) if not Console().is_terminal else Console()
         try:
+            if out is not None:
+                check_output_dir(out, "--out")
             names = policy_names(policies)
             if destinations < 1:
                 raise ReplayInputError(f"--destinations must be at least 1, got {destinations}")
@@ -238,8 +260,8 @@ def register(app: typer.Typer) -> None:
             cfg = ReplayConfig(destinations=destinations, profile=prof, warmup_fraction=warmup, seed=seed)
             with console.status("preparing the workload"):
                 tr, stats, info = load_workload(workload, trace, key, seed, duration)
-        except (ReplayInputError, TraceFormatError, ValueError) as exc:
-            raise _fail(str(exc)) from None
+        except (ReplayInputError, TraceFormatError, OutputPathError, ValueError) as exc:
+            raise fail(str(exc)) from None
 
         own = base_qps(tr)
         console.print(
@@ -313,5 +335,5 @@ def register(app: typer.Typer) -> None:
                 for path in write_outputs(out, report, curves, hits, slo_p99_ttft):
                     console.print(f"wrote {path}")
             except OSError as exc:
-                raise _fail(f"cannot write to {out}: {exc.strerror or exc}") from None
+                raise fail(f"cannot write to {out}: {exc.strerror or exc}", 1) from None
 

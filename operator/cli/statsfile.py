@@ -37,7 +37,7 @@ def _number(value: object, column: str, where: str) -> float:
         raise StatsFileError(f"{where}: column {column!r} must be a number, got {value!r}")
     try:
         x = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise StatsFileError(f"{where}: column {column!r} must be a number, got {value!r}") from None
     if not math.isfinite(x) or x < 0:
         raise StatsFileError(f"{where}: column {column!r} must be finite and >= 0, got {value!r}")
@@ -64,6 +64,8 @@ def _jsonl_rows(text: str, source: str) -> Iterator[tuple[str, dict[str, object]
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise StatsFileError(f"{where}: not JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # integers of thousands of digits, deep nesting
+            raise StatsFileError(f"{where}: not a usable JSON object ({type(exc).__name__})") from None
         if not isinstance(obj, dict):
             raise StatsFileError(f"{where}: expected a JSON object with {', '.join(COLUMNS)}")
         missing = [c for c in _NUMERIC if c not in obj]
@@ -120,7 +122,12 @@ def parse_stats(text: str, source: str = "<stats>", fmt: str | None = None) -> K
 
 def read_stats(path: Path) -> KeyStats:
     """Read a statistics file (format from its extension, else from its first character)."""
-    text = path.read_text("utf-8")
+    try:
+        text = path.read_text("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StatsFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise StatsFileError(f"{path}: {exc.strerror or exc}") from None
     suffix = path.suffix.lower()
     fmt = "csv" if suffix == ".csv" else "jsonl" if suffix in (".jsonl", ".ndjson", ".json") else None
     return parse_stats(text, str(path), fmt)

@@ -48,13 +48,22 @@ LABEL_POOL = "cacheroute.dev/pool"
 LABEL_PROFILE_KEY = "cacheroute.dev/profile-key"
 
 # Runs the vLLM command given as arguments, polls /health, and exits once the server is ready, so
-# the pod ends with the whole startup log in it. Exit status: 0 ready, 124 not ready in time,
-# otherwise vLLM's own failure status.
+# the pod ends with the whole startup log in it. The memory lines of that log also go to the
+# container's termination message, which outlives the log (the operator reads the log first and
+# falls back to the message). Exit status: 0 ready, 124 not ready in time, otherwise vLLM's own
+# failure status.
 READINESS_THEN_EXIT = r"""set -u
 port="${CACHEROUTE_PROFILE_PORT:-8000}"
 timeout="${CACHEROUTE_PROFILE_TIMEOUT_S:-1800}"
 poll="${CACHEROUTE_PROFILE_POLL_S:-5}"
-"$@" &
+log="$(mktemp)"
+message="${CACHEROUTE_PROFILE_MESSAGE_FILE:-/dev/termination-log}"
+lines='took|KV cache|Free memory on device|CUDA graph|concurrency|block size|Padding mamba|padding layers'
+lines="$lines|Auto-fit|max_num_batched_tokens|out of memory|OutOfMemory|No available memory|exceeds available"
+summarize() {
+  grep -E "$lines" "$log" | tail -c 4000 > "$message" 2>/dev/null || true
+}
+"$@" > >(tee "$log") 2>&1 &
 pid=$!
 start=$SECONDS
 while :; do
@@ -62,6 +71,7 @@ while :; do
     wait "$pid"
     rc=$?
     echo "cacheroute-profile: vLLM exited with status $rc before it was ready" >&2
+    summarize
     if [ "$rc" -eq 0 ]; then exit 1; fi
     exit "$rc"
   fi
@@ -70,18 +80,19 @@ while :; do
     echo "cacheroute-profile: vLLM is ready after $((SECONDS - start))s; stopping it"
     kill -TERM "$pid"
     wait "$pid"
+    summarize
     exit 0
   fi
   if [ $((SECONDS - start)) -ge "$timeout" ]; then
     echo "cacheroute-profile: vLLM was not ready after ${timeout}s" >&2
     kill -TERM "$pid"
     wait "$pid"
+    summarize
     exit 124
   fi
   sleep "$poll"
 done
 """
-
 
 # ------------------------------------------------------------------------------------ plan inputs
 
@@ -288,6 +299,7 @@ def build_profile_job(spec: ProfileJobSpec) -> dict[str, Any]:
                             "image": spec.image,
                             "imagePullPolicy": "IfNotPresent",
                             "command": ["/bin/bash", "-c", READINESS_THEN_EXIT, "cacheroute-profile"],
+                            "terminationMessagePolicy": "File",
                             "args": args,
                             "env": env,
                             "ports": [{"name": "http", "containerPort": spec.port}],

@@ -196,10 +196,29 @@ def _field(config: Mapping[str, Any], *names: str, required: bool = True, defaul
     return default
 
 
+# No dimension of a real model comes near this; larger values are a broken config, not a model.
+MAX_CONFIG_INT = 2**31 - 1
+MAX_LAYERS = 4096
+
+
 def _positive_int(config: Mapping[str, Any], *names: str, required: bool = True, default: int = 0) -> int:
     value = _field(config, *names, required=required, default=default)
-    if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and required):
-        raise MemoryPlanError(f"config.json: field {names[0]!r} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and required) or value > MAX_CONFIG_INT:
+        raise MemoryPlanError(
+            f"config.json: field {names[0]!r} must be a positive integer up to {MAX_CONFIG_INT}, got {value!r}"
+        )
+    return int(value)
+
+
+def _optional_int(config: Mapping[str, Any], name: str, *, minimum: int = 1, default: int = 0) -> int:
+    """A field that may be absent or null (`default`); when present, an integer >= `minimum`."""
+    value = config.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_CONFIG_INT:
+        raise MemoryPlanError(
+            f"config.json: field {name!r} must be an integer in [{minimum}, {MAX_CONFIG_INT}], got {value!r}"
+        )
     return int(value)
 
 
@@ -246,9 +265,9 @@ def _moe(config: Mapping[str, Any]) -> MoeSpec | None:
     experts = _positive_int(config, "num_experts", "n_routed_experts", "num_local_experts")
     top_k = _positive_int(config, "num_experts_per_tok")
     inter = _positive_int(config, "moe_intermediate_size", "intermediate_size")
-    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    shared = _optional_int(config, "shared_expert_intermediate_size", minimum=0)
     if not shared and config.get("n_shared_experts"):
-        shared = int(config["n_shared_experts"]) * inter
+        shared = _optional_int(config, "n_shared_experts", minimum=0) * inter
     gate = str(config.get("model_type", "")).startswith(("qwen3_next", "qwen2_moe", "qwen3_5"))
     return MoeSpec(experts, top_k, inter, shared, gate and shared > 0)
 
@@ -258,12 +277,15 @@ def _mlps(config: Mapping[str, Any], num_layers: int, moe: MoeSpec | None) -> tu
         dense: list[Mlp] = ["dense"] * num_layers
         return tuple(dense)
     if config.get("first_k_dense_replace") is not None or config.get("moe_layer_freq") is not None:
-        first = int(config.get("first_k_dense_replace") or 0)
-        freq = int(config.get("moe_layer_freq") or 1)
+        first = _optional_int(config, "first_k_dense_replace", minimum=0)
+        freq = _optional_int(config, "moe_layer_freq", default=1)
         deepseek: list[Mlp] = ["moe" if i >= first and i % freq == 0 else "dense" for i in range(num_layers)]
         return tuple(deepseek)
-    dense_only = set(config.get("mlp_only_layers") or [])
-    step = int(config.get("decoder_sparse_step") or 1)
+    listed = config.get("mlp_only_layers") or []
+    if not isinstance(listed, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in listed):
+        raise MemoryPlanError(f"config.json: field 'mlp_only_layers' must be a list of layer indexes, got {listed!r}")
+    dense_only = set(listed)
+    step = _optional_int(config, "decoder_sparse_step", default=1)
     sparse: list[Mlp] = ["moe" if i not in dense_only and (i + 1) % step == 0 else "dense" for i in range(num_layers)]
     return tuple(sparse)
 
@@ -285,9 +307,11 @@ def architecture_from_config(config: Mapping[str, Any], name: str | None = None)
                 raise MemoryPlanError(f"config.json: layer type {kind!r} in 'layer_types' is not modelled")
     hidden = _positive_int(cfg, "hidden_size")
     num_layers = _positive_int(cfg, "num_hidden_layers")
+    if num_layers > MAX_LAYERS:
+        raise MemoryPlanError(f"config.json: field 'num_hidden_layers' is {num_layers}; at most {MAX_LAYERS} modelled")
     heads = _positive_int(cfg, "num_attention_heads")
     kv_heads = _positive_int(cfg, "num_key_value_heads", required=False, default=heads) or heads
-    head_dim = int(cfg.get("head_dim") or 0)
+    head_dim = _optional_int(cfg, "head_dim")
     if not head_dim:
         if hidden % heads:
             raise MemoryPlanError(
@@ -298,7 +322,7 @@ def architecture_from_config(config: Mapping[str, Any], name: str | None = None)
     mixers = _mixers(cfg, num_layers)
     moe = _moe(cfg)
     mlps = _mlps(cfg, num_layers, moe)
-    intermediate = int(cfg.get("intermediate_size") or 0)
+    intermediate = _optional_int(cfg, "intermediate_size", minimum=0)
     if "dense" in mlps and intermediate <= 0:
         raise MemoryPlanError("config.json: field 'intermediate_size' must be a positive integer for dense MLP layers")
     gdn = None
@@ -318,7 +342,7 @@ def architecture_from_config(config: Mapping[str, Any], name: str | None = None)
             qk_rope_head_dim=_positive_int(cfg, "qk_rope_head_dim"),
             qk_nope_head_dim=_positive_int(cfg, "qk_nope_head_dim"),
             v_head_dim=_positive_int(cfg, "v_head_dim"),
-            q_lora_rank=int(q_lora) if q_lora else None,
+            q_lora_rank=_optional_int(cfg, "q_lora_rank") if q_lora else None,
         )
     model_type = str(cfg.get("model_type") or "unknown")
     ssm_dtype = cfg.get("mamba_ssm_dtype")

@@ -53,8 +53,12 @@ def gpu_by_name(name: str) -> GpuModel:
     raise MemoryPlanError(f"gpu {name!r} is not known; use one of {', '.join(GPUS)} or give its memory in GiB")
 
 
+# Matches the InferencePool's gpu.memoryGib bound; a GPU with more memory does not exist yet.
+MAX_GPU_MEMORY_GIB = 1024.0
+
+
 def custom_gpu(memory_gib: float, product_label: str = "custom", count_per_node: int = 8) -> GpuModel:
     """A GPU given only by the memory CUDA reports for it."""
-    if not memory_gib > 0:
-        raise MemoryPlanError(f"gpu memory must be positive, got {memory_gib} GiB")
+    if not 0 < memory_gib <= MAX_GPU_MEMORY_GIB:
+        raise MemoryPlanError(f"gpu memory must be in (0, {MAX_GPU_MEMORY_GIB}] GiB, got {memory_gib} GiB")
     return GpuModel(product_label.lower(), product_label, int(memory_gib * GIB), count_per_node, memory_gib >= 70)

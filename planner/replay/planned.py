@@ -3,9 +3,9 @@
 Both route by the router's rule (`cacheroute.planner.routing`, the same code the router runs):
 planned keys to the least loaded of their candidates with bounded-affinity spill, unplanned keys
 by key-seeded p2c (`unplanned="key-p2c"`, the default) or random p2c (`unplanned="p2c"`, as the
-report does), keyless requests by p2c; with `RoutingSettings.follow_prefixes`, a request follows
-the longest prefix of it the policy routed before (`prefixes.PrefixMemory` over block ids, as the
-router keeps one over message hashes). Load is the router's in-flight count plus the queue depth
+report does), keyless requests by p2c; with `RoutingSettings.follow_prefixes` (a replay
+experiment: the router has no such memory), a request follows the longest prefix of it the policy
+routed before (`prefixes.PrefixMemory` over block ids). Load is the router's in-flight count plus the queue depth
 the destination reports, plus prompt tokens in flight when `tokens_per_unit` is set
 (`EngineLoads`, `tokenload.py`). `Planned()` with no plan and the defaults of `RoutingSettings()`
 is key-seeded p2c alone, the router's fallback for unplanned keys.
@@ -65,18 +65,21 @@ DEFAULT_WINDOW_S = 1800.0
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    """How the router measures load and follows prefixes (the router's `--tokens-per-load-unit`,
-    `--follow-ratio`, `--follow-slack`, `--no-follow-prefixes`).
+    """How the router measures load (the router's `--tokens-per-load-unit`) and, in the replay
+    only, whether requests follow their longest routed prefix.
 
-    The defaults are the router's request-count load without prefix memory, the routing of the
-    report and of this project before token-aware load; `CACHEROUTE_ROUTING` is what the router
-    runs by default now.
+    The defaults are the router's request-count load, the routing of this project before
+    token-aware load; `CACHEROUTE_ROUTING` is what the router runs by default now. Following
+    prefixes (`follow_prefixes`, `prefixes.PrefixMemory`) is a replay experiment: the router has
+    no prefix memory, so no policy the router runs may turn it on (`cacheroute-follow` does, to
+    measure it).
     """
 
     tokens_per_unit: float = 0.0  # 0: load counts requests only
     follow_prefixes: bool = False
-    # Planned keys keep their ring candidates too (False: their plan entry alone, as the report).
-    widen_planned: bool = True
+    # Planned keys keep their ring candidates too (the router's `--widen-planned`; off: their plan
+    # entry alone, whose length the planner decides from the key's load).
+    widen_planned: bool = False
     follow_ratio: float = DEFAULT_FOLLOW_RATIO
     follow_slack: float = DEFAULT_FOLLOW_SLACK
 
@@ -85,7 +88,7 @@ class RoutingSettings:
         check_follow(self.follow_ratio, self.follow_slack)
 
 
-CACHEROUTE_ROUTING = RoutingSettings(tokens_per_unit=DEFAULT_TOKENS_PER_LOAD_UNIT, follow_prefixes=True)
+CACHEROUTE_ROUTING = RoutingSettings(tokens_per_unit=DEFAULT_TOKENS_PER_LOAD_UNIT)
 
 
 class EngineLoads:
@@ -154,6 +157,8 @@ class Planned(Policy):
         self.planned_requests = 0
         self.spilled_requests = 0
         self.followed_requests = 0
+        # The outcome of the latest decision (`routing.OUTCOMES`), as the router counts it.
+        self.last_outcome = ""
         self.install(self.fixed_plan)
 
     def install(self, plan: Plan | None, keys: npt.NDArray[np.int64] | None = None, *,
@@ -227,6 +232,7 @@ class Planned(Policy):
                 self._hash_list[k], self._routes.get(k), self._usable, follow=follow, follow_gain=gain,
                 pinned=k in self._pinned,
             )
+        self.last_outcome = outcome
         if outcome == PLANNED:
             self.planned_requests += 1
         elif outcome == SPILLED:

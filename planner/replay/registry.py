@@ -27,8 +27,8 @@ from cacheroute.planner.replay.prefix_policies import GiePrefixScorer, Preble, P
 PolicyFactory = Callable[[], Policy]
 # The routing of the report (planned keys pinned, the rest on random p2c), and this project's routing
 # before token-aware load (planned keys pinned, unplanned keys on key-seeded p2c); load in requests.
-REPORT_ROUTING = RoutingSettings(widen_planned=False)
-BEFORE_ROUTING = RoutingSettings(widen_planned=False)
+REPORT_ROUTING = RoutingSettings()
+BEFORE_ROUTING = RoutingSettings()
 
 # name -> (factory, what it is)
 POLICIES: dict[str, tuple[PolicyFactory, str]] = {
@@ -42,8 +42,7 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
     "prefix-tree": (PrefixTree, "SGLang cache_aware approximate prefix tree"),
     "gie-prefix": (GiePrefixScorer, "GIE EPP default scorers: prefix 3, queue 2, KV usage 2"),
     "preble": (Preble, "Preble E2 exploit/explore on a global prefix index"),
-    "cacheroute": (CacheRoute, "planned prefix affinity, re-planned every control period; token-aware load, "
-                   "prefixes followed"),
+    "cacheroute": (CacheRoute, "planned prefix affinity, re-planned every control period; token-aware load"),
     "cacheroute-p2c": (
         lambda: CacheRoute(PlannerSettings(unplanned="p2c"), routing=REPORT_ROUTING),
         "planned keys pinned to their plan entry, everything else on random p2c, load in requests: as the report",
@@ -56,9 +55,13 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
         lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
         "cacheroute with load in requests only (no prompt tokens)",
     ),
-    "cacheroute-nofollow": (
-        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
-        "cacheroute without the memory of routed prefixes",
+    "cacheroute-widen": (
+        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, widen_planned=True)),
+        "cacheroute with planned keys widened to their ring pair plus planned destinations (router --widen-planned)",
+    ),
+    "cacheroute-follow": (
+        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, follow_prefixes=True)),
+        "replay only (the router has no prefix memory): cacheroute, requests following their longest routed prefix",
     ),
     "cacheroute-before": (
         lambda: CacheRoute(routing=BEFORE_ROUTING),
@@ -76,7 +79,8 @@ _CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None, RoutingSettings]] = {
     "cacheroute-guard": (True, None, CACHEROUTE_ROUTING),
     "cacheroute-p2c": (False, "p2c", REPORT_ROUTING),
     "cacheroute-requests": (False, None, replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
-    "cacheroute-nofollow": (False, None, replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
+    "cacheroute-follow": (False, None, replace(CACHEROUTE_ROUTING, follow_prefixes=True)),
+    "cacheroute-widen": (False, None, replace(CACHEROUTE_ROUTING, widen_planned=True)),
     "cacheroute-before": (False, None, BEFORE_ROUTING),
 }
 

@@ -210,6 +210,12 @@ def _env_float(env: Mapping[str, str], name: str, default: float, minimum: float
     return value
 
 
+def _check_range(flag: str, value: float, lo: float, hi: float) -> None:
+    """Refuse NaN, infinities and values outside [lo, hi], as vLLM's own checks would (or should)."""
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise EmulatorArgsError(f"{flag} {value!r} must be a finite number in [{lo:g}, {hi:g}]")
+
+
 def _architecture(model: str, env: Mapping[str, str]) -> ModelArchitecture | None:
     name = env.get(ENV_ARCHITECTURE) or model
     if preset_key(name) is None:
@@ -261,6 +267,14 @@ def parse_vllm_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -
     tp = known.tensor_parallel_size
     if tp < 1:
         raise EmulatorArgsError(f"--tensor-parallel-size must be at least 1, got {tp}")
+    _check_range("--port", known.port, 1, 65535)
+    _check_range("--tensor-parallel-size", tp, 1, 64)
+    if known.gpu_memory_utilization is not None:
+        _check_range("--gpu-memory-utilization", known.gpu_memory_utilization, 0.001, 1.0)
+    if known.block_size is not None:
+        _check_range("--block-size", known.block_size, 1, 4096)
+    if known.kv_offloading_size is not None:
+        _check_range("--kv-offloading-size", known.kv_offloading_size, 0.0, 1e6)
     kv_dtype = known.kv_cache_dtype
     if kv_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"):
         raise EmulatorArgsError(f"--kv-cache-dtype {kv_dtype!r} is not one of auto, fp8, fp8_e4m3, fp8_e5m2")

@@ -41,18 +41,28 @@ def summary_table(summary: Summary) -> Table:
 
 def load(  # noqa: PLR0917 - one parameter per option
     url: Annotated[str, typer.Argument(help="Loopback URL of the pool (its Envoy), or of one server.")],
-    trace: Annotated[Path | None, typer.Option(help="A Mooncake trace (JSON lines).")] = None,
+    trace: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="A Mooncake trace (JSON lines).")
+    ] = None,
     workload: Annotated[str | None, typer.Option(help="A generated workload preset instead of a trace.")] = None,
     key: Annotated[str, typer.Option(help="How a trace's requests get affinity keys (as `cacheroute replay`).")] = (
         "first-blocks:4"
     ),
-    qps: Annotated[float | None, typer.Option(help="Scale the clock to this mean request rate.")] = None,
-    time_scale: Annotated[float | None, typer.Option(help="Replay this many times faster than recorded.")] = None,
-    duration: Annotated[float, typer.Option(help="Send only the requests of the first SECONDS.", min=0.1)] = 60.0,
-    max_requests: Annotated[int, typer.Option(help="Send at most this many requests.", min=1)] = 10_000,
-    max_output_tokens: Annotated[int | None, typer.Option(help="Cap every request's output length.", min=1)] = None,
+    qps: Annotated[
+        float | None, typer.Option(help="Scale the clock to this mean request rate.", min=0.001, max=1e6)
+    ] = None,
+    time_scale: Annotated[
+        float | None, typer.Option(help="Replay this many times faster than recorded.", min=1e-3, max=1e6)
+    ] = None,
+    duration: Annotated[
+        float, typer.Option(help="Send only the requests of the first SECONDS.", min=0.1, max=1e7)
+    ] = 60.0,
+    max_requests: Annotated[int, typer.Option(help="Send at most this many requests.", min=1, max=10_000_000)] = 10_000,
+    max_output_tokens: Annotated[
+        int | None, typer.Option(help="Cap every request's output length.", min=1, max=10_000_000)
+    ] = None,
     max_input_tokens: Annotated[
-        int | None, typer.Option(help="Leave out requests with longer prompts.", min=1)
+        int | None, typer.Option(help="Leave out requests with longer prompts.", min=1, max=10_000_000)
     ] = None,
     api: Annotated[str, typer.Option(help=f"Which API: {', '.join(API_NAMES)}.")] = "completions",
     model: Annotated[str | None, typer.Option(help="The `model` field of every request.")] = None,
@@ -60,12 +70,17 @@ def load(  # noqa: PLR0917 - one parameter per option
     key_field: Annotated[
         str, typer.Option(help="Send the affinity key in this body field ('' for none).")
     ] = "user",
-    timeout: Annotated[float, typer.Option(help="Give up on a request after SECONDS.", min=1.0)] = 300.0,
-    seed: Annotated[int, typer.Option(help="Seed of a generated workload.")] = 0,
+    timeout: Annotated[float, typer.Option(help="Give up on a request after SECONDS.", min=1.0, max=86_400.0)] = 300.0,
+    seed: Annotated[int, typer.Option(help="Seed of a generated workload.", min=0, max=2**32 - 1)] = 0,
     keys: Annotated[
-        int | None, typer.Option(help="Business keys of a generated workload (its preset's count by default).", min=1)
+        int | None,
+        typer.Option(
+            help="Business keys of a generated workload (its preset's count by default).", min=1, max=10_000_000
+        ),
     ] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write results: .json or .csv.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", dir_okay=False, help="Write results: .json or .csv.")
+    ] = None,
     show_progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
     """Replay a workload as real streaming requests, open loop, and measure TTFT and latency."""
@@ -79,6 +94,10 @@ def load(  # noqa: PLR0917 - one parameter per option
 
     if api not in API_NAMES:
         err.print(f"[red]--api {api!r} is not one of {', '.join(API_NAMES)}[/]")
+        raise typer.Exit(2)
+    if out is not None and not out.parent.is_dir():
+        # Before the run, not after it: results of a long load are not to be lost to a typo.
+        err.print(f"--out {out}: folder {out.parent} does not exist", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(2)
     try:
         check_target(url)

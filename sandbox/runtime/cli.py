@@ -51,14 +51,20 @@ async def _main(options: RuntimeOptions) -> None:
 
 
 def run(  # noqa: PLR0917 - one parameter per option
-    state_dir: Annotated[Path, typer.Option("--state-dir", help="Where pod volumes and logs go.")],
+    state_dir: Annotated[Path, typer.Option("--state-dir", file_okay=False, help="Where pod volumes and logs go.")],
     sandbox: Annotated[
-        Path | None, typer.Option("--sandbox", help="A sandbox state directory: its API server and admin identity.")
+        Path | None,
+        typer.Option(
+            "--sandbox",
+            exists=True,
+            file_okay=False,
+            help="A sandbox state directory: its API server and admin identity.",
+        ),
     ] = None,
     server: Annotated[str | None, typer.Option(help="API server URL.")] = None,
-    ca: Annotated[Path | None, typer.Option(help="CA bundle of the API server.")] = None,
-    cert: Annotated[Path | None, typer.Option(help="Client certificate.")] = None,
-    key: Annotated[Path | None, typer.Option(help="Client key.")] = None,
+    ca: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="CA bundle of the API server.")] = None,
+    cert: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Client certificate.")] = None,
+    key: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Client key.")] = None,
     namespace: Annotated[list[str], typer.Option("--namespace", "-n", help="Serve only these namespaces.")] = [],  # noqa: B006
     namespace_selector: Annotated[
         str, typer.Option(help="Serve only namespaces with these labels (a label selector).")
@@ -70,10 +76,15 @@ def run(  # noqa: PLR0917 - one parameter per option
     health_address: Annotated[
         str | None, typer.Option(help="HOST:PORT of /healthz and /pods (off by default).")
     ] = None,
-    restart_backoff: Annotated[float, typer.Option(min=0.05, help="First restart back-off, seconds.")] = 1.0,
-    max_restart_backoff: Annotated[float, typer.Option(min=0.05, help="Longest restart back-off, seconds.")] = 60.0,
+    restart_backoff: Annotated[
+        float, typer.Option(min=0.05, max=3600.0, help="First restart back-off, seconds.")
+    ] = 1.0,
+    max_restart_backoff: Annotated[
+        float, typer.Option(min=0.05, max=3600.0, help="Longest restart back-off, seconds.")
+    ] = 60.0,
     emulator_load_seconds: Annotated[
-        float | None, typer.Option(min=0.0, help="Default emulated model load time (container env overrides).")
+        float | None,
+        typer.Option(min=0.0, max=3600.0, help="Default emulated model load time (container env overrides)."),
     ] = None,
     kwok_logs: Annotated[bool, typer.Option(help="Publish container logs to kwok's log server.")] = True,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",

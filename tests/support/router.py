@@ -54,6 +54,8 @@ class Engine:
     running: int = 0
     waiting: int = 0
     metrics_ok: bool = True
+    # Announce a longer /metrics body than is sent, then close (a response cut short).
+    metrics_truncated: bool = False
     # While set, requests wait for it to be released (to keep them in flight).
     gate: threading.Event | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -94,6 +96,15 @@ def _handler(engine_ref: list[Engine]) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             engine = engine_ref[0]
             if self.path == "/metrics":
+                if engine.metrics_truncated:
+                    body = engine.metrics_text().encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "text/plain; version=0.0.4")
+                    self.send_header("content-length", str(len(body) + 100))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    self.close_connection = True
+                    return
                 if engine.metrics_ok:
                     self._reply(200, engine.metrics_text().encode(), "text/plain; version=0.0.4")
                 else:

@@ -75,6 +75,10 @@ def test_human_readable_integers_follow_vllm() -> None:
         ([LLAMA, "extra-positional"], "unexpected argument 'extra-positional'"),
         ([LLAMA, "--kv-cache-dtype", "int3"], "--kv-cache-dtype"),
         ([LLAMA, "-tp", "3"], "does not divide"),
+        ([LLAMA, "--port", "99999"], "--port 99999 must be"),
+        ([LLAMA, "--gpu-memory-utilization", "nan"], "--gpu-memory-utilization nan must be"),
+        ([LLAMA, "--block-size", "0"], "--block-size 0 must be"),
+        ([LLAMA, "--kv-offloading-size", "inf"], "--kv-offloading-size inf must be"),
     ],
 )
 def test_bad_command_lines_are_refused_with_the_reason(argv: list[str], message: str) -> None:

@@ -74,11 +74,11 @@ def test_options_reach_the_plan(tmp_path: Path) -> None:
 
 def test_plan_errors_are_one_clear_line_without_a_traceback() -> None:
     result = runner.invoke(app(), ["memory-plan", "--model", "llama-3.3-70b", "-q", "fp8", "--tp", "1"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "GiB missing per GPU" in result.output and "TP=2 fits" in result.output
     assert "Traceback" not in result.output
     bad_tp = runner.invoke(app(), ["memory-plan", "--model", "llama-3.3-70b", "--tp", "3"])
-    assert bad_tp.exit_code == 1 and "does not divide num_attention_heads 64" in bad_tp.output
+    assert bad_tp.exit_code == 2 and "does not divide num_attention_heads 64" in bad_tp.output
 
 
 def test_bad_option_values_name_the_option(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_bad_option_values_name_the_option(tmp_path: Path) -> None:
         result = runner.invoke(app(), ["memory-plan", "--model", "llama-3.1-8b", *args])
         assert result.exit_code == 2 and option in result.output
     missing = runner.invoke(app(), ["memory-plan", "--model", str(tmp_path / "nope.json")])
-    assert missing.exit_code == 1 and "neither a preset" in missing.output
+    assert missing.exit_code == 2 and "neither a preset" in missing.output
 
 
 def test_weights_and_ssm_dtype_overrides() -> None:
@@ -102,4 +102,4 @@ def test_weights_and_ssm_dtype_overrides() -> None:
     fp32 = json.loads(runner.invoke(app(), [*base, "--mamba-ssm-dtype", "float32"]).stdout)
     assert fp32["layout"]["blockSize"] == 1056 and "--mamba-ssm-cache-dtype" in fp32["flags"]
     bad = runner.invoke(app(), [*base, "--mamba-ssm-dtype", "int3"])
-    assert bad.exit_code == 1 and "int3" in bad.output
+    assert bad.exit_code == 2 and "int3" in bad.output

@@ -42,12 +42,12 @@ def test_validate_reports_every_bad_document(tmp_path: Path) -> None:
     f = tmp_path / "pools.yaml"
     f.write_text(yaml.safe_dump_all([good, bad]))
     result = runner.invoke(app, ["validate", str(f)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "ok" in result.stdout
     assert "spec.replicas" in result.output
 
 
 def test_validate_unreadable_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "missing.yaml")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "missing.yaml" in result.output

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from cacheroute.operator.api.manifests import parse_resource
 from cacheroute.operator.api.plan import AffinityPlan
+from cacheroute.operator.cli.errors import CommandLine
 from cacheroute.operator.cli.plan import register
 from cacheroute.operator.cli.statsfile import format_stats_csv, parse_stats
 from cacheroute.planner.plan import affinity_key_hash
@@ -25,7 +26,7 @@ runner = CliRunner()
 
 
 def make_app() -> typer.Typer:
-    app = typer.Typer(pretty_exceptions_enable=False)
+    app = typer.Typer(cls=CommandLine, pretty_exceptions_enable=False)
 
     @app.callback()
     def main() -> None:
@@ -221,7 +222,7 @@ def test_destinations_file_with_weights(stats_csv: Path, tmp_path: Path) -> None
         (["--destinations", "2"], "exactly one of --trace or --stats"),
         (["--stats", "{stats}", "--destinations", "2"], "--budget-tokens auto needs"),
         (["--stats", "{stats}"], "exactly one of --destinations N or --destinations-file"),
-        (["--stats", "{stats}", "--destinations", "0", "--budget-tokens", "9"], "--destinations must be >= 1"),
+        (["--stats", "{stats}", "--destinations", "0", "--budget-tokens", "9"], "'--destinations': Input"),
         (["--stats", "{stats}", "--destinations", "2", "--budget-tokens", "lots"], "--budget-tokens must be 'auto'"),
         (
             ["--stats", "{stats}", "--destinations", "2", "--budget-tokens", "9", "--pin", "alice=nowhere"],
@@ -229,7 +230,7 @@ def test_destinations_file_with_weights(stats_csv: Path, tmp_path: Path) -> None
         ),
         (
             ["--stats", "{stats}", "--destinations", "2", "--budget-tokens", "9", "--max-key-share", "2"],
-            "max_key_share_of_destination must be in",
+            "'--max-key-share': Input should be less than or equal to 1",
         ),
         (["--stats", "{missing}", "--destinations", "2"], "missing.csv"),
         (["--stats", "{bad}", "--destinations", "2", "--budget-tokens", "9"], "line 3: column 'rate' must be a number"),

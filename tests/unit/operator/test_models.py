@@ -119,3 +119,22 @@ def test_multi_document_yaml() -> None:
     text = yaml.safe_dump_all([POOL, plan()])
     kinds = [o.kind for o in load_manifests(text)]
     assert kinds == ["InferencePool", "AffinityPlan"]
+
+
+@pytest.mark.parametrize("field", ["keyHeader", "sessionHeader"])
+@pytest.mark.parametrize("value", ["x key", "x-key:", "", "ключ"])
+def test_router_headers_must_be_http_header_names(field: str, value: str) -> None:
+    # Every router would refuse a plan carrying such a header: the pool must refuse it first.
+    bad = {**POOL, "spec": {**POOL["spec"], "router": {field: value}}}  # type: ignore[dict-item]
+    with pytest.raises(ManifestError, match=f"router.{field}"):
+        parse_resource(bad, "pool.yaml")
+
+
+def test_the_empty_plan_of_a_valid_pool_passes_plan_validation() -> None:
+    from cacheroute.operator.fleet import names, planmap
+
+    pool = InferencePool.model_validate(
+        {**POOL, "spec": {**POOL["spec"], "router": {"keyHeader": "X-Tenant", "sessionHeader": "x-session-id"}}}  # type: ignore[dict-item]
+    )
+    maps = planmap.build_plan_configmaps(names.PoolRef(name="llama", namespace="ns", uid="uid-1"), pool.spec)
+    assert [m["metadata"]["name"] for m in maps] == ["llama-plan"]

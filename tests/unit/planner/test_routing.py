@@ -157,7 +157,7 @@ def test_a_planned_key_keeps_its_ring_pair_and_takes_as_many_planned_destination
     assert list(key_candidates(others, (first, second))) == [first, second, *others[:2]]
     # A planned destination that is idle is taken over a loaded ring candidate when it is a candidate.
     loads = idle() | {first: 4.0, second: 4.0}
-    rule = rule_for(loads, key_seeded=True)
+    rule = rule_for(loads, key_seeded=True, widen_planned=True)
     assert rule.choose(key, [first, others[0], others[1]], NAMES) == (PLANNED, others[0])
     # A one-destination entry: the pair decides, the planned destination is not used.
     assert rule.choose(key, [others[0]], NAMES)[1] in (first, second)

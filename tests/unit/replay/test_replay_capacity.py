@@ -46,20 +46,21 @@ def test_capacity_grows_with_destinations(workload) -> None:
 
 def _plan(routes: dict[str, list[int]], n: int):
     ds = [Destination(id=d) for d in destination_ids(n)]
-    return plan_from_routes("pool", ds, {affinity_key_hash(k): [ds[d].id for d in v] for k, v in routes.items()})
+    return plan_from_routes("pool", ds, {affinity_key_hash(k): [ds[d].id for d in v] for k, v in routes.items()},
+                            pinned=False)
 
 
 def test_guard_rejects_a_plan_that_piles_every_key_on_one_destination(workload) -> None:
-    # Routed as the report routes (keys pinned to their entry), bounded spill sends most of the
-    # pile elsewhere, so the plan buys no KV hit over p2c.
+    # Routed by their plan entries (the default), bounded spill sends most of the pile elsewhere,
+    # so the plan buys no KV hit over p2c.
     window = workload.time_scaled(2.0)
     bad = _plan({k: [0] for k in window.key_names}, 4)
-    pinned = RoutingSettings(widen_planned=False)
-    v = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=pinned)
+    v = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
     assert not v.passed
     assert "does not beat p2c" in v.reason or "worse than p2c" in v.reason
-    # The router's own rule never pins a key: every key keeps its ring pair, and the pile is gone.
-    assert guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0)).passed
+    # Widened (router --widen-planned), every key keeps its ring pair, and the pile is gone.
+    widened = RoutingSettings(widen_planned=True)
+    assert guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=widened).passed
 
 
 def test_guard_passes_a_plan_that_spreads_keys_with_affinity(workload) -> None:

@@ -71,7 +71,7 @@ def test_capacity_search_on_a_generated_workload(tmp_path: Path) -> None:
         (["--workload", "low-reuse", "--policies", "magic"], "unknown policy 'magic'"),
         (["--workload", "low-reuse", "--qps", "1,x"], "--qps must be numbers"),
         (["--workload", "low-reuse", "--qps", "3", "--capacity"], "not both"),
-        (["--trace", "/nonexistent/trace.jsonl"], "cannot read --trace"),
+        (["--trace", "/nonexistent/trace.jsonl"], "does not exist"),
         (["--workload", "low-reuse", "--profile", "tpu"], "unknown engine profile"),
     ],
 )

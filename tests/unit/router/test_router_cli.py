@@ -17,10 +17,19 @@ runner = CliRunner()
     [
         (["--endpoints", "10.0.0.1:80,nonsense"], "'nonsense' is not ip:port"),
         (["--endpoints", "host.example:80"], "is not an IP address"),
-        (["--spill-threshold", "0.5"], "spill-threshold 0.5 must be >= 1.0"),
+        (["--spill-threshold", "0.5"], "--spill-threshold"),
+        (["--spill-threshold", "nan"], "--spill-threshold"),
+        (["--scrape-interval", "nan"], "--scrape-interval"),
+        (["--scrape-interval", "inf"], "--scrape-interval"),
+        (["--scrape-timeout", "0"], "--scrape-timeout"),
+        (["--plan-poll-interval", "1e-9"], "--plan-poll-interval"),
+        (["--spill-slack", "-1"], "--spill-slack"),
+        (["--max-body-bytes", "99999999999"], "--max-body-bytes"),
+        (["--sketch-size", "0"], "--sketch-size"),
+        (["--grpc-port", "70000"], "--grpc-port"),
         (["--pool", "llama"], "needs namespace"),
         (["--body-mode", "sometimes"], "body-mode 'sometimes' is not one of"),
-        (["--fallbacks", "40"], "fallbacks 40 must be between 0 and 16"),
+        (["--fallbacks", "40"], "--fallbacks"),
         (["--log-level", "loud"], "log-level 'loud'"),
         (["--event-loop", "fast"], "event-loop 'fast' is not one of"),
         (["--unplanned", "sticky"], "unplanned 'sticky' is not one of key-p2c, p2c"),
@@ -31,6 +40,29 @@ def test_bad_settings_exit_with_a_message(args: list[str], message: str) -> None
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"spill_threshold": float("nan")}, "spill-threshold nan must be a finite number >= 1 and <= 100"),
+        ({"spill_threshold": 0.5}, "spill-threshold 0.5 must be a finite number >= 1"),
+        ({"scrape_interval": float("nan")}, "scrape-interval nan must be a finite number >= 0"),
+        ({"scrape_interval": float("inf")}, "scrape-interval inf must be a finite number"),
+        ({"scrape_timeout": 0.0}, "scrape-timeout 0.0 must be a finite number > 0"),
+        ({"plan_poll_interval": 1e-9}, "plan-poll-interval 1e-09 must be a finite number >= 0.01"),
+        ({"spill_slack": float("-inf")}, "spill-slack -inf must be a finite number >= 0"),
+        ({"max_body_bytes": 1 << 40}, "max-body-bytes 1099511627776 must be a finite number >= 0"),
+        ({"sketch_size": 0}, "sketch-size 0 must be"),
+        ({"fallbacks": 40}, "fallbacks 40 must be a finite number >= 0 and <= 16"),
+        ({"grpc_port": 70000}, "grpc-port 70000 is not a TCP port"),
+        ({"grpc_host": " "}, "grpc-host must not be empty"),
+    ],
+)
+def test_settings_refuse_non_finite_and_out_of_range_values(settings: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        RouterSettings(**settings)  # type: ignore[arg-type]
+    assert message in str(caught.value)
 
 
 def test_every_option_has_an_environment_variable() -> None:
@@ -44,7 +76,7 @@ def test_every_option_has_an_environment_variable() -> None:
 def test_environment_sets_options() -> None:
     result = runner.invoke(app, ["serve"], env={"CACHEROUTE_ROUTER_SPILL_THRESHOLD": "0.2"})
     assert result.exit_code == 2
-    assert "spill-threshold 0.2" in result.output
+    assert "--spill-threshold" in result.output
 
 
 def test_addresses_are_normalised() -> None:

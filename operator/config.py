@@ -1,0 +1,120 @@
+"""The operator's configuration file (`--config FILE`, mounted from the Helm chart's ConfigMap).
+
+Defaults for what the InferencePool spec does not say: the router's image, resources and
+scheduling, Envoy's settings, and the engine pod's shared-memory size, drain time and probes.
+Every field has a default, so an empty file (or none) is a valid configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from cacheroute.operator.version import package_version
+
+OPERATOR_IMAGE_REPOSITORY = "ghcr.io/cacheroute/cacheroute"
+
+
+def default_operator_image() -> str:
+    """The cacheroute image of this release: the operator runs it, and so does the router."""
+    version = package_version()
+    tag = version if "+" not in version else "latest"
+    return f"{OPERATOR_IMAGE_REPOSITORY}:{tag}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class EnvoySettings(_Model):
+    """The Envoy beside the endpoint picker in each router pod."""
+
+    failure_mode_allow: bool = Field(
+        default=True,
+        description="When the picker does not answer, send the request to any ready engine instead of failing it.",
+    )
+    message_timeout: str = Field(default="5s", pattern=r"^[0-9]+(ms|s)$")
+    request_body_mode: Literal["NONE", "BUFFERED", "FULL_DUPLEX_STREAMED"] = "BUFFERED"
+    route_timeout: str = Field(default="600s", pattern=r"^[0-9]+(ms|s)$")
+    concurrency: int = Field(default=2, ge=1, le=64)
+    log_level: Literal["trace", "debug", "info", "warning", "error", "critical", "off"] = "warning"
+    resources: dict[str, Any] = Field(
+        default_factory=lambda: {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+    )
+
+
+class RouterDefaults(_Model):
+    """The router Deployment of every pool."""
+
+    image: str = Field(default_factory=default_operator_image, min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    resources: dict[str, Any] = Field(
+        default_factory=lambda: {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    scrape_interval_seconds: float = Field(default=0.5, ge=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    termination_grace_period_seconds: int = Field(default=30, ge=0)
+    envoy: EnvoySettings = Field(default_factory=EnvoySettings)
+
+
+class EngineDefaults(_Model):
+    """Settings of the vLLM pods that the pool spec leaves to the cluster operator."""
+
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    shm_size_limit: str = Field(default="16Gi", description="Size limit of the /dev/shm memory volume.")
+    drain_seconds: int = Field(
+        default=30, ge=0, description="preStop wait, so that routers stop sending before vLLM gets SIGTERM."
+    )
+    termination_grace_period_seconds: int = Field(
+        default=130, ge=1, description="Room for the drain plus the longest request in flight."
+    )
+    readiness_path: str = Field(default="/v1/models", description="Answers only once the model is served.")
+    liveness_path: str = "/health"
+    probe_period_seconds: int = Field(default=10, ge=1)
+    cpu_request: str = "4"
+    memory_request: str = "32Gi"
+
+
+class ProfilingDefaults(_Model):
+    """The profiling Job of Profiled memory mode."""
+
+    log_wait_seconds: float = Field(
+        default=120.0, ge=0, description="How long after the Job ends its log may still be unreadable."
+    )
+
+
+class OperatorConfig(_Model):
+    cluster_domain: str = "cluster.local"
+    router: RouterDefaults = Field(default_factory=RouterDefaults)
+    engine: EngineDefaults = Field(default_factory=EngineDefaults)
+    profiling: ProfilingDefaults = Field(default_factory=ProfilingDefaults)
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names the file and the field."""
+
+
+def load_config(path: Path | None) -> OperatorConfig:
+    if path is None:
+        return OperatorConfig()
+    try:
+        document = yaml.safe_load(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config {path}: cannot read it ({exc})") from exc
+    if document is None:
+        return OperatorConfig()
+    if not isinstance(document, dict):
+        raise ConfigError(f"config {path}: expected a mapping, got {type(document).__name__}")
+    try:
+        return OperatorConfig.model_validate(document)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors()
+        )
+        raise ConfigError(f"config {path}: {problems}") from exc

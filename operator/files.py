@@ -1,0 +1,89 @@
+"""Writing files so that nothing is lost: a temporary file in the same folder, then a rename.
+
+A rename within one file system is atomic, so a reader (or a failed write: a full disk, an
+interrupted command) sees either the old file whole or the new file whole, never a mixture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+
+class OutputPathError(ValueError):
+    """An output path that cannot be written; the message names the option and the path."""
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """Refuse an output file whose folder does not exist or that names a directory, before any work."""
+    if path.is_dir():
+        raise OutputPathError(f"{option} {path}: is a directory, not a file")
+    parent = path.parent
+    if not parent.is_dir():
+        raise OutputPathError(f"{option} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OutputPathError(f"{option} {path}: folder {parent} is not writable")
+
+
+def check_output_dir(path: Path, option: str) -> None:
+    """Refuse an output folder that is a file, or that sits below one, before any work."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise OutputPathError(f"{option} {path}: {candidate} is a file, not a folder")
+            return
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[str]]:
+    """A text file handle whose content replaces `path` only when the block completes."""
+    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=encoding) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        _keep_mode(path, staged)
+        os.replace(staged, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
+
+
+def write_atomically(path: Path, data: str | bytes) -> None:
+    """Replace `path` with `data` (text is written as UTF-8)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    write_with(path, lambda staged: staged.write_bytes(raw))
+
+
+def write_with(path: Path, write: Callable[[Path], object]) -> None:
+    """Let `write` fill a temporary path beside `path`, then rename it over `path`."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+    os.close(fd)
+    staged = Path(name)
+    try:
+        write(staged)
+        with open(staged, "rb+") as handle:
+            os.fsync(handle.fileno())
+        _keep_mode(path, name)
+        os.replace(staged, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        raise
+
+
+def _keep_mode(path: Path, staged: str) -> None:
+    # mkstemp creates 0600; the replacement keeps the old file's mode, or the umask's default.
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    os.chmod(staged, mode)

@@ -1,0 +1,181 @@
+"""The pool's router: endpoint picker and Envoy in one pod, its ServiceAccount and least RBAC.
+
+Both containers run the cacheroute image. `cacheroute router serve` follows the plan mounted from
+the plan ConfigMaps and the destinations' addresses and readiness from the headless Service's
+EndpointSlices (so a pod IP change needs no new plan). `cacheroute router envoy` renders the
+Envoy bootstrap for the pod IP and execs Envoy: HTTP on 8080, ext_proc to the picker on
+`$(POD_IP):9002`, ORIGINAL_DST to the picked endpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cacheroute.operator.api.pool import InferencePoolSpec
+from cacheroute.operator.config import OperatorConfig
+from cacheroute.operator.fleet import names
+from cacheroute.operator.rbac import ROUTER_RULES
+
+PLAN_MOUNT = "/etc/cacheroute/plan"
+POD_IP = "$(POD_IP)"
+DOWNWARD_ENV = [
+    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+]
+
+
+def build_service_account(pool: names.PoolRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": names.metadata(pool, pool.router, "router"),
+    }
+
+
+def build_role(pool: names.PoolRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": names.metadata(pool, pool.router, "router"),
+        "rules": [rule.as_policy_rule() for rule in ROUTER_RULES],
+    }
+
+
+def build_role_binding(pool: names.PoolRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": names.metadata(pool, pool.router, "router"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": pool.router},
+        "subjects": [{"kind": "ServiceAccount", "name": pool.router, "namespace": pool.namespace}],
+    }
+
+
+def plan_volume(pool: names.PoolRef) -> dict[str, Any]:
+    """Header ConfigMap plus optional shard ConfigMaps, projected into one directory."""
+    sources: list[dict[str, Any]] = [{"configMap": {"name": pool.plan_configmap(0)}}]
+    sources += [
+        {"configMap": {"name": pool.plan_configmap(i), "optional": True}} for i in range(1, names.MAX_PLAN_SHARDS)
+    ]
+    return {"name": "plan", "projected": {"sources": sources}}
+
+
+def _grpc_probe(service: str, period: int, failures: int) -> dict[str, Any]:
+    return {"grpc": {"port": names.ROUTER_GRPC_PORT, "service": service}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": 2}
+
+
+def _http_probe(period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": "/ready", "port": "health"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": 2}
+
+
+def picker_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorConfig) -> list[str]:
+    r = spec.router
+    args = [
+        "router", "serve",
+        "--grpc-host", POD_IP,
+        "--grpc-port", str(names.ROUTER_GRPC_PORT),
+        "--metrics-host", POD_IP,
+        "--metrics-port", str(names.ROUTER_METRICS_PORT),
+        "--plan-dir", PLAN_MOUNT,
+        "--namespace", pool.namespace,
+        "--service", pool.headless_service,
+        "--target-port", str(spec.engine.port),
+        "--key-header", r.key_header,
+        "--body-field", r.body_field or "",
+        "--session-header", r.session_header or "",
+        "--prompt-prefix-chars", str(r.prompt_prefix_chars),
+        "--spill-threshold", f"{r.spill_threshold:g}",
+        # Envoy's ORIGINAL_DST cluster takes a single address.
+        "--fallbacks", "0",
+        "--scrape-interval", f"{config.router.scrape_interval_seconds:g}",
+        "--log-level", config.router.log_level,
+    ]
+    return args
+
+
+def envoy_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorConfig) -> list[str]:
+    envoy = config.router.envoy
+    fallback = f"{pool.headless_service}.{pool.namespace}.svc.{config.cluster_domain}:{spec.engine.port}"
+    return [
+        "router", "envoy",
+        "--pod-ip", POD_IP,
+        "--listen-port", str(names.ROUTER_HTTP_PORT),
+        "--health-port", str(names.ROUTER_HEALTH_PORT),
+        "--ext-proc-port", str(names.ROUTER_GRPC_PORT),
+        "--failure-mode-allow" if envoy.failure_mode_allow else "--no-failure-mode-allow",
+        "--fallback", fallback,
+        "--message-timeout", envoy.message_timeout,
+        "--route-timeout", envoy.route_timeout,
+        "--request-body-mode", envoy.request_body_mode,
+        "--concurrency", str(envoy.concurrency),
+        "--log-level", envoy.log_level,
+    ]
+
+
+def build_deployment(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorConfig) -> dict[str, Any]:
+    r = config.router
+    image = spec.router.image or r.image
+    picker = {
+        "name": "picker",
+        "image": image,
+        "imagePullPolicy": r.image_pull_policy,
+        "args": picker_args(pool, spec, config),
+        "env": DOWNWARD_ENV,
+        "ports": [
+            {"name": "grpc", "containerPort": names.ROUTER_GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": names.ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": _grpc_probe("readiness", 2, 3),
+        "livenessProbe": _grpc_probe("liveness", 10, 3),
+        "resources": r.resources,
+        "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}],
+    }
+    envoy = {
+        "name": "envoy",
+        "image": image,
+        "imagePullPolicy": r.image_pull_policy,
+        "args": envoy_args(pool, spec, config),
+        "env": DOWNWARD_ENV,
+        "ports": [
+            {"name": "http", "containerPort": names.ROUTER_HTTP_PORT, "protocol": "TCP"},
+            {"name": "health", "containerPort": names.ROUTER_HEALTH_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": _http_probe(2, 3),
+        "livenessProbe": _http_probe(10, 3),
+        "resources": r.envoy.resources,
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": pool.router,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": r.termination_grace_period_seconds,
+        "containers": [picker, envoy],
+        "volumes": [plan_volume(pool)],
+    }
+    if r.node_selector:
+        pod_spec["nodeSelector"] = dict(r.node_selector)
+    if r.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in r.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": names.metadata(pool, pool.router, "router"),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "revisionHistoryLimit": 5,
+            "selector": {"matchLabels": names.selector(pool, "router")},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {
+                    "labels": names.labels(pool, "router"),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(names.ROUTER_METRICS_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

@@ -1,0 +1,274 @@
+"""InferencePool status: replicas, destinations, memory plan and conditions a person can act on.
+
+Pure: facts about the pool's objects in (gathered from the operator's watch caches), the status
+document out. Conditions follow metav1.Condition; a condition keeps its lastTransitionTime while
+its status stays the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from cacheroute.operator.api.pool import InferencePoolSpec
+from cacheroute.operator.fleet.memory import MemoryOutcome
+from cacheroute.operator.fleet.profiling_job import memory_plan_status
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+CONDITION_TYPES = ("Ready", "MemoryPlanned", "Progressing", "Degraded")
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """One engine pod as the status needs it."""
+
+    name: str
+    ordinal: int
+    ip: str
+    ready: bool
+    terminating: bool
+    phase: str
+    # The scheduler's message when the pod cannot be placed (PodScheduled=False, Unschedulable).
+    unschedulable: str = ""
+    # A container stuck restarting (CrashLoopBackOff and the like): its reason.
+    failing: str = ""
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    """A StatefulSet or Deployment: what its controller reports."""
+
+    generation: int
+    observed_generation: int
+    replicas: int
+    ready_replicas: int
+    updated_replicas: int
+    available_replicas: int
+    current_revision: str = ""
+    update_revision: str = ""
+
+    @property
+    def settled(self) -> bool:
+        return self.observed_generation >= self.generation
+
+
+@dataclass(frozen=True)
+class FleetFacts:
+    pods: Sequence[PodFacts]
+    statefulset: WorkloadFacts | None
+    router: WorkloadFacts | None
+
+
+def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
+    """Facts of an engine pod from its API object (None for a pod that is not a replica)."""
+    meta = pod.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    _, _, suffix = name.rpartition("-")
+    if not suffix.isdigit():
+        return None
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conditions.get("Ready") or {}).get("status") == "True"
+    scheduled = conditions.get("PodScheduled") or {}
+    unschedulable = ""
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        unschedulable = str(scheduled.get("message") or "unschedulable")
+    failing = ""
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerError"):
+            failing = str(waiting["reason"])
+    return PodFacts(
+        name=name,
+        ordinal=int(suffix),
+        ip=str(status.get("podIP") or ""),
+        ready=ready,
+        terminating=meta.get("deletionTimestamp") is not None,
+        phase=str(status.get("phase") or ""),
+        unschedulable=unschedulable,
+        failing=failing,
+    )
+
+
+def workload_facts(obj: Mapping[str, Any]) -> WorkloadFacts:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return WorkloadFacts(
+        generation=int(meta.get("generation") or 0),
+        observed_generation=int(status.get("observedGeneration") or 0),
+        replicas=int(status.get("replicas") or 0),
+        ready_replicas=int(status.get("readyReplicas") or 0),
+        updated_replicas=int(status.get("updatedReplicas") or 0),
+        available_replicas=int(status.get("availableReplicas") or 0),
+        current_revision=str(status.get("currentRevision") or ""),
+        update_revision=str(status.get("updateRevision") or ""),
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+def destinations(pods: Iterable[PodFacts], replicas: int, port: int) -> list[dict[str, Any]]:
+    """The replicas that exist and are meant to (ordinal below spec.replicas, not terminating)."""
+    out = []
+    for pod in sorted(pods, key=lambda p: p.ordinal):
+        if pod.ordinal >= replicas or pod.terminating:
+            continue
+        out.append({"id": pod.name, "address": f"{pod.ip}:{port}" if pod.ip else "", "ready": pod.ready})
+    return out
+
+
+def _gpu_shortfall(pods: Sequence[PodFacts], spec: InferencePoolSpec) -> list[PodFacts]:
+    resource = spec.gpu.resource_name
+    return [p for p in pods if p.unschedulable and (resource in p.unschedulable or "Insufficient" in p.unschedulable)]
+
+
+def verdicts(spec: InferencePoolSpec, memory: MemoryOutcome, facts: FleetFacts) -> dict[str, Verdict]:
+    """The four conditions, most actionable reason first."""
+    pods = [p for p in facts.pods if p.ordinal < spec.replicas and not p.terminating]
+    ready = sum(1 for p in pods if p.ready)
+    sts = facts.statefulset
+    out: dict[str, Verdict] = {}
+
+    if memory.state == "Planned":
+        out["MemoryPlanned"] = Verdict("True", "Planned", memory.message)
+    elif memory.state == "Profiling":
+        out["MemoryPlanned"] = Verdict("Unknown", "Profiling", memory.message)
+    else:
+        out["MemoryPlanned"] = Verdict("False", memory.state, memory.message)
+
+    if not memory.planned:
+        if memory.state == "Profiling":
+            out["Ready"] = Verdict("False", "Profiling", "waiting for the profiling Job: " + memory.message)
+            out["Progressing"] = Verdict("True", "Profiling", memory.message)
+            out["Degraded"] = Verdict("False", "AsExpected", "")
+        else:
+            message = memory.message if not sts else memory.message + " (the running replicas are left as they are)"
+            out["Ready"] = Verdict("False", memory.state, message)
+            out["Progressing"] = Verdict("False", memory.state, "nothing to do until the spec changes")
+            out["Degraded"] = Verdict("True", memory.state, message)
+        return out
+
+    short = _gpu_shortfall(pods, spec)
+    failing = [p for p in pods if p.failing]
+    updating = sts is not None and (
+        not sts.settled
+        or sts.updated_replicas < spec.replicas
+        or (sts.update_revision and sts.current_revision != sts.update_revision)
+    )
+    router_ok = spec.router.replicas == 0 or (facts.router is not None and facts.router.available_replicas > 0)
+    if short:
+        names = ", ".join(p.name for p in short)
+        detail = short[0].unschedulable
+        out["Degraded"] = Verdict(
+            "True",
+            "InsufficientGPUs",
+            f"{len(short)} replica(s) cannot be scheduled ({names}): {detail}. Each needs "
+            f"{spec.tensor_parallel_size} x {spec.gpu.resource_name} on one {spec.gpu.product} node.",
+        )
+    elif failing:
+        out["Degraded"] = Verdict(
+            "True", "ReplicasFailing", ", ".join(f"{p.name}: {p.failing}" for p in failing)
+        )
+    else:
+        out["Degraded"] = Verdict("False", "AsExpected", "")
+
+    if sts is None:
+        out["Progressing"] = Verdict("True", "Creating", "creating the StatefulSet")
+    elif updating:
+        out["Progressing"] = Verdict(
+            "True", "Updating", f"rolling out one replica at a time: {sts.updated_replicas}/{spec.replicas} updated"
+        )
+    elif len(pods) < spec.replicas or sts.replicas > spec.replicas:
+        reason = "ScalingUp" if sts.replicas <= spec.replicas else "ScalingDown"
+        out["Progressing"] = Verdict("True", reason, f"{len(pods)} of {spec.replicas} replicas exist")
+    elif ready < spec.replicas:
+        out["Progressing"] = Verdict("True", "Starting", f"{ready}/{spec.replicas} replicas ready")
+    else:
+        out["Progressing"] = Verdict("False", "Complete", f"{spec.replicas} replicas up to date")
+
+    if short:
+        out["Ready"] = Verdict("False", "InsufficientGPUs", out["Degraded"].message)
+    elif ready < spec.replicas:
+        reason = "Updating" if updating else "PodsNotReady"
+        out["Ready"] = Verdict("False", reason, f"{ready}/{spec.replicas} replicas ready")
+    elif not router_ok:
+        out["Ready"] = Verdict("False", "RouterNotReady", f"no router replica of {spec.router.replicas} is available")
+    else:
+        out["Ready"] = Verdict("True", "Ready", f"{ready}/{spec.replicas} replicas ready, routable through the router")
+    return out
+
+
+def conditions(
+    verdict: Mapping[str, Verdict],
+    previous: Iterable[Mapping[str, Any]],
+    generation: int,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """metav1.Conditions; lastTransitionTime moves only when the status changes."""
+    before = {c.get("type"): c for c in previous}
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = []
+    for kind in CONDITION_TYPES:
+        v = verdict[kind]
+        old = before.get(kind)
+        changed = old is None or old.get("status") != v.status
+        out.append(
+            {
+                "type": kind,
+                "status": v.status,
+                "observedGeneration": generation,
+                "lastTransitionTime": stamp if changed or not old else old.get("lastTransitionTime", stamp),
+                "reason": v.reason,
+                "message": v.message[:32768],
+            }
+        )
+    return out
+
+
+def build_status(
+    spec: InferencePoolSpec,
+    generation: int,
+    *,
+    memory: MemoryOutcome,
+    facts: FleetFacts,
+    previous: Mapping[str, Any],
+    now: datetime,
+) -> dict[str, Any]:
+    """The whole status document, in wire (camelCase) form."""
+    dests = destinations(facts.pods, spec.replicas, spec.engine.port)
+    out: dict[str, Any] = {
+        "observedGeneration": generation,
+        "replicas": len(dests),
+        "readyReplicas": sum(1 for d in dests if d["ready"]),
+        "destinations": dests,
+        "conditions": conditions(verdicts(spec, memory, facts), previous.get("conditions") or [], generation, now),
+    }
+    if memory.plan is not None:
+        plan_status = memory_plan_status(memory.plan).wire()
+        if memory.profile_key:
+            plan_status.setdefault("inputs", {})["profileKey"] = memory.profile_key
+        out["memoryPlan"] = plan_status
+    elif previous.get("memoryPlan") and memory.state in ("Profiling", "DoesNotFit", "ProfilingFailed"):
+        # The replicas still run the last plan; keep saying which.
+        out["memoryPlan"] = previous["memoryPlan"]
+    return out
+
+
+def same_status(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Equal apart from condition timestamps (which only move with a status change anyway)."""
+
+    def strip(s: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(s)
+        out["conditions"] = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in s.get("conditions") or []
+        ]
+        return out
+
+    return strip(a) == strip(b)

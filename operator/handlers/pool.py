@@ -1,0 +1,208 @@
+"""InferencePool handlers: a pass of `fleet.reconcile` on every change, at resume, and from a daemon.
+
+Each pool's daemon runs a status pass whenever one of its engine pods, its StatefulSet or its router
+Deployment changes (so Ready follows the pods within moments), and at the latest every
+`status_seconds`; a pass re-applies every owned object every `resync_seconds` (drift repair). Watch
+caches (kopf indexes) of those objects feed the status without extra API calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from cacheroute.operator import metrics, work
+from cacheroute.operator.api.common import GROUP, VERSION
+from cacheroute.operator.api.manifests import field_errors
+from cacheroute.operator.api.pool import InferencePoolSpec
+from cacheroute.operator.context import current
+from cacheroute.operator.fleet import names
+from cacheroute.operator.fleet.reconcile import EventType, PoolMemory, Reconciler
+from cacheroute.operator.fleet.status import FleetFacts, PodFacts, WorkloadFacts, pod_facts, workload_facts
+
+CTX = current()
+RECONCILER = Reconciler(CTX.cluster, CTX.config)
+POOLS = "inferencepools"
+ENGINE = {names.MANAGED_BY: names.MANAGER, names.COMPONENT: "engine"}
+ROUTER = {names.MANAGED_BY: names.MANAGER, names.COMPONENT: "router"}
+
+
+def plain(value: Any) -> Any:
+    """kopf's body views as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+# --- watch caches ----------------------------------------------------------------------------------
+
+
+@kopf.index("pods", labels=ENGINE)
+def engine_pods(
+    *, namespace: str | None, labels: Mapping[str, str], body: Any, **_: Any
+) -> dict[Any, PodFacts] | None:
+    facts = pod_facts(body)
+    pool = labels.get(names.POOL)
+    return {(namespace, pool): facts} if facts is not None and pool else None
+
+
+@kopf.index("statefulsets", labels=ENGINE)
+def engine_statefulsets(
+    *, namespace: str | None, name: str, labels: Mapping[str, str], body: Any, **_: Any
+) -> dict[Any, WorkloadFacts] | None:
+    pool = labels.get(names.POOL)
+    return {(namespace, pool): workload_facts(body)} if pool == name else None
+
+
+@kopf.index("deployments", labels=ROUTER)
+def router_deployments(
+    *, namespace: str | None, name: str, labels: Mapping[str, str], body: Any, **_: Any
+) -> dict[Any, WorkloadFacts] | None:
+    pool = labels.get(names.POOL)
+    return {(namespace, pool): workload_facts(body)} if pool and name == f"{pool}-router" else None
+
+
+def _one(store: Iterable[WorkloadFacts] | None) -> WorkloadFacts | None:
+    return next(iter(store), None) if store is not None else None
+
+
+def _facts(key: tuple[str, str], indexes: Mapping[str, Any]) -> FleetFacts:
+    """The pool's objects as the watch caches hold them (kopf passes each index by its function's name)."""
+    pods, statefulsets, deployments = (indexes[n] for n in ("engine_pods", "engine_statefulsets", "router_deployments"))
+    pod_list: Sequence[PodFacts] = list(pods[key]) if key in pods else []
+    return FleetFacts(
+        pods=pod_list,
+        statefulset=_one(statefulsets[key]) if key in statefulsets else None,
+        router=_one(deployments[key]) if key in deployments else None,
+    )
+
+
+# --- a pass ----------------------------------------------------------------------------------------
+
+
+def _state(memo: Any) -> tuple[asyncio.Lock, PoolMemory]:
+    if "lock" not in memo:
+        memo["lock"] = asyncio.Lock()
+        memo["fleet"] = PoolMemory()
+        memo["last_full"] = 0.0
+    return memo["lock"], memo["fleet"]
+
+
+async def _pass(*, body: Any, memo: Any, logger: Any, indexes: Mapping[str, Any], full: bool) -> None:
+    lock, mem = _state(memo)
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    pool = names.PoolRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    generation = int(meta.get("generation") or 0)
+    events: list[tuple[EventType, str, str]] = []
+    async with lock:
+        try:
+            spec = InferencePoolSpec.model_validate(plain(body.get("spec") or {}))
+        except ValidationError as exc:
+            message = "; ".join(field_errors(exc))
+            if mem.memory_generation != generation:
+                kopf.event(body, type="Warning", reason="InvalidSpec", message=message[:1024])
+                mem.memory_generation = generation
+            return
+        facts = _facts((pool.namespace, pool.name), indexes)
+        previous = plain(body.get("status") or {})
+        if full:
+            memo["last_full"] = time.monotonic()
+        def emit(kind: EventType, reason: str, message: str) -> None:
+            events.append((kind, reason, message))
+
+        kind = "full" if full else "status"
+        started = time.monotonic()
+        outcome = "error"
+        try:
+            if full:
+                # Two jobs: every new pool's StatefulSet goes out before any pool's router objects.
+                memory = await CTX.work.run(
+                    work.ENGINE,
+                    functools.partial(RECONCILER.engine_stage, pool, spec, generation, mem=mem, emit=emit, full=True),
+                )
+                await CTX.work.run(
+                    work.ROUTER,
+                    functools.partial(
+                        RECONCILER.rest_stage, pool, spec, generation, memory=memory, facts=facts,
+                        previous_status=previous, mem=mem, emit=emit, full=True,
+                    ),
+                )
+            else:
+                await CTX.work.run(
+                    work.STATUS,
+                    functools.partial(
+                        RECONCILER.reconcile, pool, spec, generation, facts=facts, previous_status=previous,
+                        mem=mem, emit=emit, full=False,
+                    ),
+                )
+            outcome = "ok"
+        finally:
+            metrics.PASSES.labels(kind, outcome).inc()
+            metrics.PASS_SECONDS.labels(kind).observe(time.monotonic() - started)
+            for event_type, reason, message in events:
+                metrics.EVENTS.labels(reason).inc()
+                logger.info(f"{reason}: {message}", extra={"event_reason": reason, "pool": pool.name})
+                kopf.event(body, type=event_type, reason=reason, message=message[:1024])
+
+
+@kopf.on.resume(GROUP, VERSION, POOLS, backoff=5)
+@kopf.on.create(GROUP, VERSION, POOLS, backoff=5)
+@kopf.on.update(GROUP, VERSION, POOLS, backoff=5)
+async def pool_changed(*, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
+    await _pass(body=body, memo=memo, logger=logger, indexes=kwargs, full=True)
+
+
+COALESCE_SECONDS = 0.25
+# Set when an object of the pool changes: its daemon runs a status pass now rather than at the tick.
+_CHANGED: dict[tuple[str, str], asyncio.Event] = {}
+
+
+def _changed(namespace: str | None, pool: str | None) -> asyncio.Event | None:
+    if namespace is None or pool is None:
+        return None
+    return _CHANGED.setdefault((namespace, pool), asyncio.Event())
+
+
+@kopf.on.event("pods", labels=ENGINE)
+@kopf.on.event("statefulsets", labels=ENGINE)
+@kopf.on.event("deployments", labels=ROUTER)
+async def pool_object_changed(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    flag = _changed(namespace, labels.get(names.POOL))
+    if flag is not None:
+        flag.set()
+
+
+@kopf.daemon(GROUP, VERSION, POOLS, cancellation_timeout=10)
+async def pool_status(*, stopped: Any, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
+    _state(memo)
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    flag = _changed(*key)
+    assert flag is not None
+    try:
+        while not stopped:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flag.wait(), timeout=CTX.status_seconds)
+                # Replicas change in bursts: one pass for the burst, not one per pod.
+                await asyncio.sleep(COALESCE_SECONDS)
+            flag.clear()
+            if stopped:
+                return
+            full = time.monotonic() - float(memo["last_full"]) >= CTX.resync_seconds
+            try:
+                await _pass(body=body, memo=memo, logger=logger, indexes=kwargs, full=full)
+            except Exception as exc:  # the next change or tick tries again
+                logger.error(f"status pass failed: {exc}")
+    finally:
+        _CHANGED.pop(key, None)

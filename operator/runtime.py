@@ -1,0 +1,224 @@
+"""Running the operator: kopf settings, peering, the handler modules, the health and metrics server.
+
+`run(options)` configures logging, sets the process context, imports every module of
+`cacheroute.operator.handlers` (theirs register kopf handlers) and runs kopf next to a small HTTP
+server that answers `/healthz` and `/metrics` on `--health-address`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import pkgutil
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from cacheroute.operator import context
+from cacheroute.operator.api.peering import PEERING_FILE, PEERING_GROUP, PEERING_VERSION
+from cacheroute.operator.config import OperatorConfig
+from cacheroute.operator.fleet.cluster import Cluster, KubeError
+from cacheroute.operator.work import PriorityExecutor
+
+log = logging.getLogger("cacheroute.operator")
+
+FINALIZER = "cacheroute.dev/operator"
+ANNOTATION_PREFIX = "cacheroute.dev"
+# `--priority auto`: a random priority from this range, distinct per replica with near certainty.
+AUTO_PRIORITY_RANGE = (1, 2**31 - 1)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    namespaces: tuple[str, ...]
+    all_namespaces: bool
+    peering: str
+    standalone: bool
+    priority: int
+    health_host: str
+    health_port: int
+    config: OperatorConfig
+    kubeconfig: Path | None = None
+    prometheus_url: str | None = None
+    resync_seconds: float = 60.0
+    status_seconds: float = 5.0
+    workers: int = 16
+    log_level: str = "info"
+
+
+def parse_priority(text: str) -> int:
+    """`auto` or a whole number; ValueError names the problem."""
+    if text.strip().lower() == "auto":
+        return random.SystemRandom().randint(*AUTO_PRIORITY_RANGE)
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"priority {text!r} is neither auto nor a whole number") from None
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"health-address {text!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def api_client(kubeconfig: Path | None, connections: int = 32) -> Any:
+    """A kubernetes ApiClient: the kubeconfig given, else in-cluster credentials, else ~/.kube/config.
+
+    `connections` kept open: one per worker thread, or every burst pays new TLS handshakes.
+    """
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
+
+
+def load_handlers(package: str = "cacheroute.operator.handlers") -> list[str]:
+    """Import every module of the handler package (each registers its kopf handlers)."""
+    pkg = importlib.import_module(package)
+    loaded = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")
+            loaded.append(info.name)
+    return loaded
+
+
+def ensure_peering(cluster: Cluster, options: RunOptions) -> None:
+    """Create the peering object(s) kopf keeps its keep-alives in, unless they exist."""
+    if options.standalone:
+        return
+    base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
+    targets: list[tuple[str, str, str | None]]
+    if options.all_namespaces:
+        targets = [(f"{base}/clusterkopfpeerings", "ClusterKopfPeering", None)]
+    else:
+        targets = [(f"{base}/namespaces/{ns}/kopfpeerings", "KopfPeering", ns) for ns in options.namespaces]
+    for path, kind, namespace in targets:
+        metadata: dict[str, Any] = {"name": options.peering}
+        if namespace:
+            metadata["namespace"] = namespace
+        body = {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "kind": kind, "metadata": metadata}
+        try:
+            cluster.post(path, body)
+        except KubeError as exc:
+            if exc.status == 404:
+                where = f"namespace {namespace} or " if namespace else ""
+                raise KubeError(404, f"peering: {where}kopf's peering CRDs missing (install crds/{PEERING_FILE}, "
+                                     "or run with --standalone)") from None
+            if exc.status != 409:
+                raise
+
+
+def settings_for(options: RunOptions) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.peering.name = options.peering
+    settings.peering.priority = options.priority
+    settings.peering.standalone = options.standalone
+    settings.peering.mandatory = not options.standalone
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    # Only warnings and errors of kopf itself become Events; ours are posted explicitly.
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = options.workers
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.queueing.worker_limit = options.workers * 4
+    return settings
+
+
+async def _health_server(host: str, port: int, operator_task: asyncio.Task[None]) -> Any:
+    from aiohttp import web
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def healthz(_request: web.Request) -> web.Response:
+        if operator_task.done():
+            return web.Response(status=503, text="operator stopped\n")
+        return web.Response(text="ok\n")
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner
+
+
+async def _main(options: RunOptions) -> None:
+    operator = asyncio.ensure_future(
+        kopf.operator(
+            clusterwide=options.all_namespaces,
+            namespaces=options.namespaces,
+            standalone=options.standalone,
+            priority=options.priority,
+            peering_name=None if options.standalone else options.peering,
+            settings=settings_for(options),
+        )
+    )
+    runner = await _health_server(options.health_host, options.health_port, operator)
+    log.info(
+        "operator started: %s, peering %s priority %d, health on %s:%d",
+        "all namespaces" if options.all_namespaces else "namespaces " + ",".join(options.namespaces),
+        "off" if options.standalone else repr(options.peering),
+        options.priority,
+        options.health_host,
+        options.health_port,
+    )
+    try:
+        await operator
+    finally:
+        await runner.cleanup()
+
+
+def run(options: RunOptions) -> None:
+    api = api_client(options.kubeconfig, connections=options.workers + 4)
+    cluster = Cluster(api)
+    context.set_context(
+        context.OperatorContext(
+            config=options.config,
+            cluster=cluster,
+            work=PriorityExecutor(options.workers),
+            resync_seconds=options.resync_seconds,
+            status_seconds=options.status_seconds,
+            prometheus_url=options.prometheus_url,
+        )
+    )
+    ensure_peering(cluster, options)
+    loaded = load_handlers()
+    log.info("handler modules: %s", ", ".join(loaded))
+    if options.kubeconfig is not None:
+        import os
+
+        # kopf logs in through the kubernetes client's default configuration.
+        os.environ["KUBECONFIG"] = str(options.kubeconfig)
+    asyncio.run(_main(options))
+
+
+def namespaces_or_all(namespaces: Sequence[str], all_namespaces: bool) -> tuple[tuple[str, ...], bool]:
+    """Validated scope: exactly one of a namespace list or all namespaces."""
+    if all_namespaces and namespaces:
+        raise ValueError("give either --namespace (repeatable) or --all-namespaces, not both")
+    if not all_namespaces and not namespaces:
+        raise ValueError("give --namespace NAME (repeatable) or --all-namespaces")
+    return tuple(dict.fromkeys(namespaces)), all_namespaces

@@ -1,0 +1,289 @@
+"""An InferencePool becomes a running, routable vLLM fleet: the operator against the sandbox.
+
+Real API server, scheduler, controller manager and kwok H100 nodes; the operator runs as its own
+process under the least-RBAC identity of `cacheroute.operator.rbac`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+
+from cacheroute.operator.api.pool import InferencePoolSpec
+from cacheroute.operator.fleet.profiling_job import plan_for_pool, resolve_architecture
+from cacheroute.planner.plan_format import decode_plan
+from cacheroute.sandbox import nodes
+from tests.integration.operator.conftest import Fleet
+from tests.support.operator import LLAMA_70B_FP8_TP2, observe_until, sleep_observing, until
+
+pytestmark = pytest.mark.integration
+
+ENGINE = "app.kubernetes.io/component=engine"
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def engine_pods(core: client.CoreV1Api, namespace: str, pool: str) -> list[Any]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"cacheroute.dev/pool={pool},{ENGINE}").items
+    return sorted((p for p in pods if p.metadata.deletion_timestamp is None), key=lambda p: p.metadata.name)
+
+
+def contains_in_order(haystack: list[str], needle: list[str]) -> bool:
+    return any(haystack[i : i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
+
+
+def destination_ids(fleet: Fleet, name: str) -> list[str]:
+    status = (fleet.pools.get(name) or {}).get("status") or {}
+    return [d["id"] for d in status.get("destinations") or []]
+
+
+def owned_objects(kube_api: Any, namespace: str, name: str) -> dict[str, Any]:
+    """Every object the contract says a pool owns, None where missing."""
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    policy, rbac = client.PolicyV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
+    readers: dict[str, Callable[[], Any]] = {
+        "StatefulSet": lambda: apps.read_namespaced_stateful_set(name, namespace),
+        "Service": lambda: core.read_namespaced_service(name, namespace),
+        "PodDisruptionBudget": lambda: policy.read_namespaced_pod_disruption_budget(name, namespace),
+        "Deployment": lambda: apps.read_namespaced_deployment(f"{name}-router", namespace),
+        "RouterService": lambda: core.read_namespaced_service(f"{name}-router", namespace),
+        "ServiceAccount": lambda: core.read_namespaced_service_account(f"{name}-router", namespace),
+        "Role": lambda: rbac.read_namespaced_role(f"{name}-router", namespace),
+        "RoleBinding": lambda: rbac.read_namespaced_role_binding(f"{name}-router", namespace),
+        "ConfigMap": lambda: core.read_namespaced_config_map(f"{name}-plan", namespace),
+    }
+    out: dict[str, Any] = {}
+    for kind, read in readers.items():
+        try:
+            out[kind] = read()
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            out[kind] = None
+    return out
+
+
+def test_pool_becomes_four_replicas_on_h100s_with_the_memory_plan_and_a_router(fleet: Fleet, kube_api: Any) -> None:
+    created = fleet.pools.create("llama", LLAMA_70B_FP8_TP2)
+    uid = created["metadata"]["uid"]
+    fleet.pools.await_condition("llama", "Ready", "True", timeout=120)
+
+    spec = InferencePoolSpec.model_validate(LLAMA_70B_FP8_TP2)
+    flags = plan_for_pool(spec, resolve_architecture(spec)).vllm_args()
+    assert "--kv-cache-memory-bytes" in flags
+    core = client.CoreV1Api(kube_api)
+    pods = engine_pods(core, fleet.namespace, "llama")
+    assert [p.metadata.name for p in pods] == ["llama-0", "llama-1", "llama-2", "llama-3"]
+    for pod in pods:
+        node = core.read_node(pod.spec.node_name)
+        assert node.metadata.labels[nodes.GPU_PRODUCT_LABEL] == H100
+        container = pod.spec.containers[0]
+        assert container.resources.limits[nodes.GPU_RESOURCE] == "2"
+        assert container.args[0] == "meta-llama/Llama-3.3-70B-Instruct"
+        assert contains_in_order(container.args, ["--tensor-parallel-size", "2"])
+        assert contains_in_order(container.args, flags), container.args
+
+    objects = owned_objects(kube_api, fleet.namespace, "llama")
+    missing = [kind for kind, obj in objects.items() if obj is None]
+    assert not missing
+    for kind, obj in objects.items():
+        owners = obj.metadata.owner_references or []
+        assert [(o.kind, o.uid, o.controller) for o in owners] == [("InferencePool", uid, True)], kind
+    plan = decode_plan({k: base64.b64decode(v) for k, v in objects["ConfigMap"].binary_data.items()})
+    assert plan.pool == "llama" and len(plan) == 0
+
+    status = (fleet.pools.get("llama") or {})["status"]
+    ips = {p.metadata.name: p.status.pod_ip for p in pods}
+    assert [(d["id"], d["address"], d["ready"]) for d in status["destinations"]] == [
+        (name, f"{ips[name]}:8000", True) for name in sorted(ips)
+    ]
+    assert status["memoryPlan"]["source"] == "Analytic"
+    assert status["memoryPlan"]["kvCacheMemoryBytes"] == int(flags[flags.index("--kv-cache-memory-bytes") + 1])
+    assert status["observedGeneration"] == 1
+
+    exported = httpx.get(f"http://127.0.0.1:{fleet.operator.health_port}/metrics", timeout=5).text
+    assert 'cacheroute_operator_reconcile_passes_total{kind="full",outcome="ok"}' in exported
+    assert 'cacheroute_operator_events_total{reason="MemoryPlanned"} 1.0' in exported
+
+
+def test_scaling_adds_the_next_ordinals_and_removes_the_highest(fleet: Fleet, kube_api: Any) -> None:
+    fleet.pools.create("llama", LLAMA_70B_FP8_TP2)
+    fleet.pools.await_condition("llama", "Ready", "True", timeout=120)
+    fleet.pools.patch_spec("llama", {"replicas": 6})
+    until(lambda: destination_ids(fleet, "llama") == [f"llama-{i}" for i in range(6)], "six destinations")
+    fleet.pools.await_condition("llama", "Ready", "True")
+
+    fleet.pools.patch_spec("llama", {"replicas": 2})
+    until(lambda: destination_ids(fleet, "llama") == ["llama-0", "llama-1"], "two destinations")
+    core = client.CoreV1Api(kube_api)
+    until(lambda: [p.metadata.name for p in engine_pods(core, fleet.namespace, "llama")] == ["llama-0", "llama-1"],
+          "the highest ordinals gone", timeout=90)
+    fleet.pools.await_condition("llama", "Ready", "True")
+
+
+def whole_free_nodes(kube_api: Any) -> tuple[int, int]:
+    """Sandbox nodes whose 8 GPUs are all free, and the next unused node index."""
+    core = client.CoreV1Api(kube_api)
+    sandbox_nodes = core.list_node(label_selector=f"{nodes.SANDBOX_NODE_LABEL}=true").items
+    used: dict[str, int] = {}
+    for pod in core.list_pod_for_all_namespaces().items:
+        if pod.spec.node_name and pod.status.phase not in ("Succeeded", "Failed"):
+            for c in pod.spec.containers:
+                limits = (c.resources.limits or {}) if c.resources else {}
+                used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + int(limits.get(nodes.GPU_RESOURCE, 0))
+    free = sum(1 for n in sandbox_nodes if used.get(n.metadata.name, 0) == 0)
+    taken = {n.metadata.name for n in sandbox_nodes}
+    index = next(i for i in range(nodes.MAX_NODES) if nodes.node_name(i) not in taken)
+    return free, index
+
+
+@contextlib.contextmanager
+def extra_node(kube_api: Any, index: int) -> Any:
+    """A fake H100 node for the duration; its pods are gone before it goes (kwok would abandon them)."""
+    core = client.CoreV1Api(kube_api)
+    name = nodes.node_name(index)
+    core.create_node(nodes.node_manifest(index))
+    try:
+        yield name
+    finally:
+        def on_node() -> list[Any]:
+            return list(core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items)
+
+        with contextlib.suppress(Exception):
+            until(lambda: not on_node(), f"pods off {name}", timeout=60)
+        for pod in on_node():
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(name)
+
+
+def test_more_gpus_than_the_nodes_have_is_insufficient_gpus_and_recovers_with_a_node(
+    fleet: Fleet, kube_api: Any
+) -> None:
+    # At TP 8 a replica takes a whole node: one replica more than there are free nodes.
+    free, next_index = whole_free_nodes(kube_api)
+    spec = {**LLAMA_70B_FP8_TP2, "tensorParallelSize": 8, "replicas": free + 1}
+    fleet.pools.create("wide", spec)
+    ready = fleet.pools.await_condition("wide", "Ready", "False", "InsufficientGPUs", timeout=120)
+    assert "nvidia.com/gpu" in ready["message"]
+    degraded = fleet.pools.await_condition("wide", "Degraded", "True", "InsufficientGPUs")
+    assert "8 x nvidia.com/gpu" in degraded["message"]
+    assert fleet.operator.events("InsufficientGPUs", "wide")
+
+    with extra_node(kube_api, next_index):
+        fleet.pools.await_condition("wide", "Ready", "True", timeout=180)
+        fleet.pools.await_condition("wide", "Degraded", "False")
+        fleet.pools.remove_all()
+
+
+def test_deleted_service_and_hand_edited_arguments_are_repaired_within_a_resync(
+    fleet: Fleet, kube_api: Any
+) -> None:
+    fleet.pools.create("llama", LLAMA_70B_FP8_TP2)
+    fleet.pools.await_condition("llama", "Ready", "True", timeout=120)
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    resync = fleet.operator.resync + 10  # one resync period, and room for a loaded machine
+
+    old_uid = core.read_namespaced_service("llama", fleet.namespace).metadata.uid
+    core.delete_namespaced_service("llama", fleet.namespace)
+
+    def service_back() -> bool:
+        try:
+            return bool(core.read_namespaced_service("llama", fleet.namespace).metadata.uid != old_uid)
+        except client.ApiException:
+            return False
+
+    until(service_back, "the headless Service recreated", timeout=resync)
+
+    sts = apps.read_namespaced_stateful_set("llama", fleet.namespace)
+    good_args = list(sts.spec.template.spec.containers[0].args)
+    edited = list(good_args)
+    edited[edited.index("--max-num-seqs") + 1] = "7"
+    apps.patch_namespaced_stateful_set(
+        "llama", fleet.namespace,
+        {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "args": edited}]}}}},
+        field_manager="kubectl-edit",
+    )
+    assert apps.read_namespaced_stateful_set("llama", fleet.namespace).spec.template.spec.containers[0].args == edited
+    until(
+        lambda: apps.read_namespaced_stateful_set("llama", fleet.namespace).spec.template.spec.containers[0].args
+        == good_args,
+        "the StatefulSet's arguments restored",
+        timeout=resync,
+    )
+    assert fleet.operator.events("Recreated", "llama")
+
+
+def test_deleting_the_pool_removes_everything_it_owned(fleet: Fleet, kube_api: Any) -> None:
+    fleet.pools.create("llama", {**LLAMA_70B_FP8_TP2, "replicas": 2})
+    fleet.pools.await_condition("llama", "Ready", "True", timeout=120)
+    assert all(obj is not None for obj in owned_objects(kube_api, fleet.namespace, "llama").values())
+    fleet.pools.delete("llama")
+    until(
+        lambda: all(obj is None for obj in owned_objects(kube_api, fleet.namespace, "llama").values()),
+        "every owned object garbage-collected",
+        timeout=90,
+    )
+    core = client.CoreV1Api(kube_api)
+    until(lambda: not engine_pods(core, fleet.namespace, "llama"), "the engine pods gone", timeout=90)
+
+
+def test_a_model_that_does_not_fit_is_degraded_with_the_arithmetic_and_starts_nothing(
+    fleet: Fleet, kube_api: Any
+) -> None:
+    spec = {"model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "quantization": "bf16"}, "tensorParallelSize": 1,
+            "replicas": 2}
+    fleet.pools.create("big", spec)
+    degraded = fleet.pools.await_condition("big", "Degraded", "True", "DoesNotFit")
+    assert "does not fit" in degraded["message"] and "GiB" in degraded["message"]
+    assert "TP=4 fits" in degraded["message"]
+    assert fleet.pools.await_condition("big", "Ready", "False", "DoesNotFit")
+    assert fleet.pools.await_condition("big", "MemoryPlanned", "False", "DoesNotFit")
+
+    apps, core = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api)
+
+    def nothing_started() -> None:
+        assert not apps.list_namespaced_stateful_set(fleet.namespace).items
+        assert not engine_pods(core, fleet.namespace, "big")
+        assert fleet.operator.alive()
+
+    # Several status ticks and a resync pass: still nothing, no crash, no retry storm.
+    sleep_observing(fleet.operator.resync + 2, nothing_started)
+    failures = [r for r in fleet.operator.records() if "failed" in r.get("msg", "") and r.get("level") == "error"]
+    assert not failures
+    assert len(fleet.operator.events("DoesNotFit", "big")) == 1
+
+
+def test_a_memory_input_change_rolls_one_replica_at_a_time(fleet: Fleet, kube_api: Any) -> None:
+    fleet.pools.create("llama", LLAMA_70B_FP8_TP2)
+    fleet.pools.await_condition("llama", "Ready", "True", timeout=120)
+    apps, core = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api)
+    before = apps.read_namespaced_stateful_set("llama", fleet.namespace)
+    assert before.spec.update_strategy.type == "RollingUpdate"
+
+    fleet.pools.patch_spec("llama", {"memory": {"maxModelLen": 32768}})
+
+    def at_most_one_down() -> None:
+        ready = [p for p in engine_pods(core, fleet.namespace, "llama")
+                 if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        assert len(ready) >= 3, f"{len(ready)} replicas ready during the rollout"
+
+    def rolled() -> bool:
+        sts = apps.read_namespaced_stateful_set("llama", fleet.namespace)
+        pods = engine_pods(core, fleet.namespace, "llama")
+        return (
+            sts.status.update_revision == sts.status.current_revision
+            and sts.status.updated_replicas == 4
+            and len(pods) == 4
+            and all("32768" in p.spec.containers[0].args for p in pods)
+        )
+
+    observe_until(rolled, at_most_one_down, "every replica rolled to the new arguments", timeout=180)
+    assert fleet.operator.events("RollingUpdate", "llama")
+    fleet.pools.await_condition("llama", "Ready", "True")

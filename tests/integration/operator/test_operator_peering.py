@@ -1,0 +1,129 @@
+"""Several operator processes: only the highest-priority one acts; a killed one restarts cleanly."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.support.operator import LLAMA_70B_FP8_TP2, OperatorProcess, Pools, sleep_observing, until
+
+pytestmark = pytest.mark.integration
+
+OWNED = "app.kubernetes.io/managed-by=cacheroute"
+
+
+def handled(operator: OperatorProcess, pool: str) -> bool:
+    """Whether this process ran a handler for the pool (kopf logs each run against the object)."""
+    return any(r.get("object", "").endswith(f"/{pool}") and "Handler" in r.get("msg", "") for r in operator.records())
+
+
+def owned_counts(kube_api: Any, namespace: str) -> Counter[str]:
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    policy, rbac = client.PolicyV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
+    listings = {
+        "StatefulSet": apps.list_namespaced_stateful_set(namespace, label_selector=OWNED).items,
+        "Deployment": apps.list_namespaced_deployment(namespace, label_selector=OWNED).items,
+        "Service": core.list_namespaced_service(namespace, label_selector=OWNED).items,
+        "ConfigMap": core.list_namespaced_config_map(namespace, label_selector=OWNED).items,
+        "ServiceAccount": core.list_namespaced_service_account(namespace, label_selector=OWNED).items,
+        "PodDisruptionBudget": policy.list_namespaced_pod_disruption_budget(namespace, label_selector=OWNED).items,
+        "Role": rbac.list_namespaced_role(namespace, label_selector=OWNED).items,
+        "RoleBinding": rbac.list_namespaced_role_binding(namespace, label_selector=OWNED).items,
+    }
+    return Counter({kind: len(items) for kind, items in listings.items()})
+
+
+def per_pool(pools: int) -> Counter[str]:
+    return Counter(
+        StatefulSet=pools, Deployment=pools, Service=2 * pools, ConfigMap=pools, ServiceAccount=pools,
+        PodDisruptionBudget=pools, Role=pools, RoleBinding=pools,
+    )
+
+
+def test_two_operators_only_the_higher_priority_one_acts_and_the_other_takes_over(
+    operator_kubeconfig: Path, pools: Pools, namespace: str, tmp_path: Path, kube_api: Any
+) -> None:
+    high = OperatorProcess(namespace, operator_kubeconfig, tmp_path, name="high", priority="200", identity="op-high")
+    low = OperatorProcess(namespace, operator_kubeconfig, tmp_path, name="low", priority="100", identity="op-low")
+    high.start()
+    low.start()
+    try:
+        custom = client.CustomObjectsApi(kube_api)
+
+        def peers() -> set[str]:
+            peering = custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", "cacheroute")
+            return set((peering.get("status") or {}).keys())
+
+        # Both keep alive in the namespace's peering object; the lower priority one stays paused.
+        until(lambda: peers() >= {"op-high", "op-low"}, "both operators in the peering object", timeout=60)
+        pools.create("llama", LLAMA_70B_FP8_TP2)
+        pools.await_condition("llama", "Ready", "True", timeout=120)
+        assert high.events("MemoryPlanned", "llama")
+        assert not handled(low, "llama") and not low.events("MemoryPlanned")
+
+        apps = client.AppsV1Api(kube_api)
+        generation = apps.read_namespaced_stateful_set("llama", namespace).metadata.generation
+        ready_since = pools.condition("llama", "Ready")
+
+        def steady() -> None:
+            assert owned_counts(kube_api, namespace) == per_pool(1)
+            assert apps.read_namespaced_stateful_set("llama", namespace).metadata.generation == generation
+            assert pools.condition("llama", "Ready") == ready_since
+            assert not handled(low, "llama")
+
+        # Several status ticks and a resync of the active operator: no duplicate, no flapping.
+        sleep_observing(high.resync + 2, steady)
+
+        high.stop()
+        until(lambda: any("Resuming operations" in r.get("msg", "") for r in low.records()),
+              "the standby to resume", timeout=90)
+        core = client.CoreV1Api(kube_api)
+        core.delete_namespaced_service("llama", namespace)
+        until(lambda: bool(core.list_namespaced_service(namespace, field_selector="metadata.name=llama").items),
+              "the standby to repair the deleted Service", timeout=low.resync + 30)
+        assert handled(low, "llama")
+        assert owned_counts(kube_api, namespace) == per_pool(1)
+    finally:
+        pools.remove_all()
+        low.stop()
+        high.stop()
+
+
+SMALL = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 1, "router": {"replicas": 1}}
+
+
+def test_sigkill_mid_reconcile_then_restart_converges_without_duplicates(
+    operator_kubeconfig: Path, pools: Pools, namespace: str, tmp_path: Path, kube_api: Any
+) -> None:
+    count = 12
+    first = OperatorProcess(namespace, operator_kubeconfig, tmp_path, name="first", identity="op-1").start()
+    restarted: OperatorProcess | None = None
+    try:
+        for i in range(count):
+            pools.create(f"p{i}", SMALL)
+        apps = client.AppsV1Api(kube_api)
+        until(lambda: bool(apps.list_namespaced_stateful_set(namespace, label_selector=OWNED).items),
+              "the first StatefulSet", timeout=60, interval=0.02)
+        first.kill()
+        at_kill = owned_counts(kube_api, namespace)
+        # The kill landed while pools were still being reconciled.
+        assert at_kill != per_pool(count), at_kill
+
+        # Same identity: a restarted container of the same pod takes over its own peering entry.
+        restarted = OperatorProcess(namespace, operator_kubeconfig, tmp_path, name="restarted", identity="op-1").start()
+        for i in range(count):
+            pools.await_condition(f"p{i}", "Ready", "True", timeout=180)
+        assert owned_counts(kube_api, namespace) == per_pool(count)
+        core = client.CoreV1Api(kube_api)
+        engines = core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=engine").items
+        assert sorted(p.metadata.name for p in engines) == sorted(f"p{i}-0" for i in range(count))
+    finally:
+        pools.remove_all()
+        if restarted is not None:
+            restarted.stop()
+        if first.alive():
+            first.stop()

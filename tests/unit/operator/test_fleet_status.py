@@ -1,0 +1,125 @@
+"""Status and conditions: what a person reading `kubectl get inferencepool -o yaml` can act on."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from cacheroute.operator.api.pool import InferencePoolSpec
+from cacheroute.operator.fleet.memory import MemoryOutcome
+from cacheroute.operator.fleet.profiling_job import plan_for_pool, resolve_architecture
+from cacheroute.operator.fleet.status import (
+    FleetFacts,
+    PodFacts,
+    WorkloadFacts,
+    build_status,
+    pod_facts,
+    same_status,
+    verdicts,
+)
+
+SPEC = InferencePoolSpec.model_validate(
+    {"model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "quantization": "fp8"}, "tensorParallelSize": 2,
+     "replicas": 3}
+)
+PLANNED = MemoryOutcome("Planned", "planned", plan=plan_for_pool(SPEC, resolve_architecture(SPEC)))
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def pod(i: int, *, ready: bool = True, unschedulable: str = "", terminating: bool = False) -> PodFacts:
+    return PodFacts(name=f"llama-{i}", ordinal=i, ip="" if unschedulable else f"10.0.0.{i}", ready=ready,
+                    terminating=terminating, phase="Pending" if unschedulable else "Running",
+                    unschedulable=unschedulable)
+
+
+def workload(replicas: int, ready: int, updated: int | None = None, *, revisions: tuple[str, str] = ("a", "a"),
+             generation: int = 1, observed: int = 1) -> WorkloadFacts:
+    return WorkloadFacts(generation=generation, observed_generation=observed, replicas=replicas, ready_replicas=ready,
+                         updated_replicas=replicas if updated is None else updated, available_replicas=ready,
+                         current_revision=revisions[0], update_revision=revisions[1])
+
+
+ROUTER = workload(2, 2)
+
+
+def test_all_replicas_ready_and_routable_is_ready() -> None:
+    facts = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3), ROUTER)
+    v = verdicts(SPEC, PLANNED, facts)
+    assert (v["Ready"].status, v["Progressing"].status, v["Degraded"].status, v["MemoryPlanned"].status) == (
+        "True", "False", "False", "True")
+
+
+def test_a_replica_the_scheduler_cannot_place_is_insufficient_gpus_with_its_message() -> None:
+    message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    facts = FleetFacts([pod(0), pod(1), pod(2, ready=False, unschedulable=message)], workload(3, 2), ROUTER)
+    v = verdicts(SPEC, PLANNED, facts)
+    assert (v["Ready"].status, v["Ready"].reason) == ("False", "InsufficientGPUs")
+    assert (v["Degraded"].status, v["Degraded"].reason) == ("True", "InsufficientGPUs")
+    assert message in v["Ready"].message and "llama-2" in v["Ready"].message
+    assert "2 x nvidia.com/gpu" in v["Degraded"].message
+
+
+def test_a_rollout_is_updating_and_a_slow_start_is_pods_not_ready() -> None:
+    rolling = FleetFacts([pod(0), pod(1, ready=False), pod(2)], workload(3, 2, updated=1, revisions=("a", "b")), ROUTER)
+    v = verdicts(SPEC, PLANNED, rolling)
+    assert (v["Ready"].reason, v["Progressing"].status, v["Progressing"].reason) == ("Updating", "True", "Updating")
+    starting = FleetFacts([pod(0), pod(1, ready=False), pod(2, ready=False)], workload(3, 1), ROUTER)
+    v = verdicts(SPEC, PLANNED, starting)
+    assert (v["Ready"].reason, v["Progressing"].reason, v["Degraded"].status) == ("PodsNotReady", "Starting", "False")
+
+
+def test_no_available_router_is_not_ready() -> None:
+    facts = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3), workload(2, 0))
+    assert verdicts(SPEC, PLANNED, facts)["Ready"].reason == "RouterNotReady"
+
+
+def test_a_pool_that_does_not_fit_is_degraded_and_not_progressing() -> None:
+    outcome = MemoryOutcome("DoesNotFit", "llama-3.3-70b (bf16) at TP=1 does not fit on h100-80gb: 97.78 GiB missing")
+    v = verdicts(SPEC, outcome, FleetFacts([], None, None))
+    assert (v["MemoryPlanned"].status, v["MemoryPlanned"].reason) == ("False", "DoesNotFit")
+    assert (v["Degraded"].status, v["Ready"].status, v["Progressing"].status) == ("True", "False", "False")
+    assert "97.78 GiB missing" in v["Degraded"].message
+
+
+def test_profiling_is_unknown_then_failure_is_degraded() -> None:
+    profiling = verdicts(SPEC, MemoryOutcome("Profiling", "Job running"), FleetFacts([], None, None))
+    assert (profiling["MemoryPlanned"].status, profiling["Ready"].reason) == ("Unknown", "Profiling")
+    failed = verdicts(SPEC, MemoryOutcome("ProfilingFailed", "vLLM failed (cuda_oom)"), FleetFacts([], None, None))
+    assert (failed["Degraded"].status, failed["Degraded"].reason) == ("True", "ProfilingFailed")
+
+
+def test_destinations_skip_terminating_and_surplus_replicas() -> None:
+    facts = FleetFacts([pod(0), pod(1), pod(2), pod(3), pod(4, terminating=True)], workload(5, 5), ROUTER)
+    status = build_status(SPEC, 4, memory=PLANNED, facts=facts, previous={}, now=NOW)
+    assert [d["id"] for d in status["destinations"]] == ["llama-0", "llama-1", "llama-2"]
+    assert status["destinations"][0] == {"id": "llama-0", "address": "10.0.0.0:8000", "ready": True}
+    assert (status["replicas"], status["readyReplicas"], status["observedGeneration"]) == (3, 3, 4)
+    assert status["memoryPlan"]["kvCapacityTokens"] > 0 and status["memoryPlan"]["source"] == "Analytic"
+    assert [c["type"] for c in status["conditions"]] == ["Ready", "MemoryPlanned", "Progressing", "Degraded"]
+    assert all(c["observedGeneration"] == 4 for c in status["conditions"])
+
+
+def test_transition_time_moves_only_when_the_status_changes() -> None:
+    ready = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3), ROUTER)
+    first = build_status(SPEC, 1, memory=PLANNED, facts=ready, previous={}, now=NOW)
+    later = build_status(SPEC, 1, memory=PLANNED, facts=ready, previous=first, now=NOW + timedelta(minutes=5))
+    assert later == first and same_status(first, later)
+    broken = FleetFacts([pod(0), pod(1), pod(2, ready=False)], workload(3, 2), ROUTER)
+    changed = build_status(SPEC, 1, memory=PLANNED, facts=broken, previous=first, now=NOW + timedelta(minutes=6))
+    stamps = {c["type"]: c["lastTransitionTime"] for c in changed["conditions"]}
+    assert stamps["Ready"] == "2026-11-30T12:06:00Z" and stamps["MemoryPlanned"] == "2026-11-30T12:00:00Z"
+    assert not same_status(first, changed)
+
+
+def test_pod_facts_read_the_scheduler_and_the_kubelet() -> None:
+    pending = {
+        "metadata": {"name": "llama-7"},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]},
+    }
+    facts = pod_facts(pending)
+    assert facts is not None and facts.ordinal == 7 and "Insufficient" in facts.unschedulable and not facts.ready
+    crashing = {"metadata": {"name": "llama-0"}, "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "containerStatuses": [{"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+    assert (pod_facts(crashing) or pod(0)).failing == "CrashLoopBackOff"
+    assert pod_facts({"metadata": {"name": "llama-memprofile-abc"}}) is None

@@ -1,0 +1,57 @@
+"""`cacheroute operator run`: bad input is one line and exit status 2; flags also come from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cacheroute.operator import runtime
+from cacheroute.operator.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "words"),
+    [
+        (["-n", "a", "-A"], {}, "not both"),
+        ([], {}, "--all-namespaces"),
+        (["-A", "--priority", "high"], {}, "priority 'high'"),
+        (["-A"], {"CACHEROUTE_OPERATOR_PRIORITY": "high"}, "priority 'high'"),
+        (["-A", "--health-address", "8080"], {}, "health-address"),
+        (["-A", "--log-level", "loud"], {}, "log-level"),
+        (["-A", "--resync-interval", "0"], {}, "resync-interval"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(args: list[str], env: dict[str, str], words: str) -> None:
+    result = runner.invoke(app, ["operator", "run", *args], env=env)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+
+
+def test_a_bad_config_file_names_the_file_and_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "operator.yaml"
+    config.write_text("router:\n  envoy:\n    failureModeAllow: maybe\n")
+    result = runner.invoke(app, ["operator", "run", "-A", "--config", str(config)])
+    assert result.exit_code == 2
+    assert str(config) in result.output and "failureModeAllow" in result.output
+
+
+def test_env_selects_namespaces(tmp_path: Path) -> None:
+    # Reaching the kubeconfig check means namespaces, priority and address came from the environment.
+    env = {"CACHEROUTE_OPERATOR_NAMESPACE": "a b", "CACHEROUTE_OPERATOR_PRIORITY": "7",
+           "CACHEROUTE_OPERATOR_KUBECONFIG": str(tmp_path / "missing")}
+    result = runner.invoke(app, ["operator", "run"], env=env)
+    assert result.exit_code == 2 and "kubeconfig" in result.output
+
+
+def test_auto_priorities_differ_and_numbers_are_kept() -> None:
+    assert len({runtime.parse_priority("auto") for _ in range(20)}) == 20
+    assert runtime.parse_priority("150") == 150
+
+
+def test_scope_is_a_namespace_list_or_everything() -> None:
+    assert runtime.namespaces_or_all(["a", "b", "a"], False) == (("a", "b"), False)
+    assert runtime.namespaces_or_all([], True) == ((), True)
