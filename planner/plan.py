@@ -158,14 +158,13 @@ def plan_from_routes(
     destinations: Sequence[Destination],
     routes: Mapping[int, Sequence[str]] | Iterable[tuple[int, Sequence[str]]],
     *,
-    pinned: bool = True,
+    pinned: bool = False,
     **kwargs: object,
 ) -> Plan:
     """Build a plan from `key hash -> destination ids`; the order of ids is kept.
 
-    Routes written out by hand are pinned (`Plan.pinned_keys`: the router keeps them to their
-    entry); `pinned=False` makes them computed routes, which the router widens with the key's
-    ring candidates (`routing.key_candidates`)."""
+    `pinned=True` marks every route pinned (`Plan.pinned_keys`: a router with `--widen-planned`
+    keeps them to their entry instead of adding the key's ring candidates)."""
     index = {d.id: i for i, d in enumerate(destinations)}
     items = sorted(routes.items() if isinstance(routes, Mapping) else routes)
     keys = np.fromiter((k for k, _ in items), dtype=np.uint64, count=len(items))

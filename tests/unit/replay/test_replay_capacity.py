@@ -46,8 +46,7 @@ def test_capacity_grows_with_destinations(workload) -> None:
 
 def _plan(routes: dict[str, list[int]], n: int):
     ds = [Destination(id=d) for d in destination_ids(n)]
-    return plan_from_routes("pool", ds, {affinity_key_hash(k): [ds[d].id for d in v] for k, v in routes.items()},
-                            pinned=False)
+    return plan_from_routes("pool", ds, {affinity_key_hash(k): [ds[d].id for d in v] for k, v in routes.items()})
 
 
 def test_guard_rejects_a_plan_that_piles_every_key_on_one_destination(workload) -> None:
