@@ -184,7 +184,25 @@ class RoutingRule(Generic[D]):
         `follow_gain` what the request weighs less there, in load units. A `pinned` plan entry
         is taken as it is, without the key's ring candidates.
         """
-        outcome, chosen = self._choose(key_hash, planned, usable, is_usable, pinned)
+        # One function, no helper call: this runs once per request on the router's hot path.
+        outcome = P2C
+        chosen: D | None = None
+        if key_hash is not None:
+            ring = self._key_candidates
+            if planned is not None:
+                if ring is not None and self.widen_planned and not pinned:
+                    planned = key_candidates(planned, ring(key_hash))
+                best = self.least_loaded(planned, key_hash, is_usable)
+                if best is None:
+                    outcome, chosen = SPILLED, self.p2c(usable)
+                elif len(usable) == 1 or not self.overloaded(best):
+                    outcome, chosen = PLANNED, best
+                else:
+                    outcome, chosen = SPILLED, self.p2c(usable, best)
+            elif ring is not None:
+                outcome, chosen = KEY_P2C, self.key_p2c(ring(key_hash), usable, is_usable)
+        if chosen is None:
+            chosen = self.p2c(usable)
         if (
             follow is not None
             and follow != chosen
@@ -194,29 +212,6 @@ class RoutingRule(Generic[D]):
         ):
             return FOLLOWED, follow
         return outcome, chosen
-
-    def _choose(
-        self,
-        key_hash: int | None,
-        planned: Sequence[D] | None,
-        usable: Sequence[D],
-        is_usable: Callable[[D], bool] | None,
-        pinned: bool,
-    ) -> tuple[str, D]:
-        if key_hash is not None:
-            ring = self._key_candidates
-            if planned is not None:
-                if ring is not None and self.widen_planned and not pinned:
-                    planned = key_candidates(planned, ring(key_hash))
-                best = self.least_loaded(planned, key_hash, is_usable)
-                if best is None:
-                    return SPILLED, self.p2c(usable)
-                if len(usable) == 1 or not self.overloaded(best):
-                    return PLANNED, best
-                return SPILLED, self.p2c(usable, best)
-            if ring is not None:
-                return KEY_P2C, self.key_p2c(ring(key_hash), usable, is_usable)
-        return P2C, self.p2c(usable)
 
     def least_loaded(self, planned: Sequence[D], key_hash: int, is_usable: Callable[[D], bool] | None) -> D | None:
         """The usable destination of `planned` with the least load; ties go to the first at or

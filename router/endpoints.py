@@ -77,6 +77,8 @@ class EndpointPool:
         self.in_flight_ready = 0
         self.waiting_ready = 0
         self.tokens_ready = 0
+        # Load units per prompt token in flight (0: requests only); the picker sets it.
+        self.per_token = 0.0
         self._listeners: list[Callable[[], None]] = []
 
     # --- membership -------------------------------------------------------------------------------
@@ -202,11 +204,11 @@ class EndpointPool:
             self.in_flight_ready -= 1
             self.tokens_ready -= tokens
 
-    def mean_load(self, per_token: float = 0.0) -> float:
+    def mean_load(self) -> float:
         """Mean load over ready endpoints: in flight plus queued, plus prompt tokens in flight
         times `per_token` (token-aware load, `planner/tokenload.py`)."""
         n = len(self.ready)
-        return (self.in_flight_ready + self.waiting_ready + self.tokens_ready * per_token) / n if n else 0.0
+        return (self.in_flight_ready + self.waiting_ready + self.tokens_ready * self.per_token) / n if n else 0.0
 
     @property
     def known(self) -> bool:

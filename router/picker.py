@@ -62,17 +62,17 @@ class _EndpointLoads:
     """The rule's view of load (`planner/tokenload.py`): in flight plus scraped queue plus prompt
     tokens in flight over `tokens_per_unit` (0: requests only); the mean over ready endpoints."""
 
-    __slots__ = ("_per_token", "_pool")
+    __slots__ = ("load", "mean")
 
     def __init__(self, pool: EndpointPool, tokens_per_unit: float) -> None:
-        self._pool = pool
-        self._per_token = 1.0 / tokens_per_unit if tokens_per_unit > 0 else 0.0
+        per_token = pool.per_token = 1.0 / tokens_per_unit if tokens_per_unit > 0 else 0.0
+        self.mean = pool.mean_load
 
-    def load(self, endpoint: Endpoint, /) -> float:
-        return endpoint.in_flight + endpoint.waiting + endpoint.in_flight_tokens * self._per_token
+        # A plain function (no bound-method lookup): called for every candidate of every decision.
+        def load(endpoint: Endpoint, /) -> float:
+            return endpoint.in_flight + endpoint.waiting + endpoint.in_flight_tokens * per_token
 
-    def mean(self) -> float:
-        return self._pool.mean_load(self._per_token)
+        self.load = load
 
 
 _is_ready: Callable[[Endpoint], bool] = attrgetter("ready")
@@ -185,7 +185,7 @@ class Picker:
             group = view.table.routes.get(key_hash)
             if group is not None:
                 planned = view.groups[group]
-                pinned = key_hash in view.table.pinned
+                pinned = self._widen and key_hash in view.table.pinned
                 if allowed is not None:
                     planned = tuple(e for e in planned if e.address in allowed)
         outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable, pinned=pinned)
