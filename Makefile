@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # addresses there that EndpointSlices accept, and no traffic can leave the machine.
 ISOLATE := $(VENV)/bin/cacheroute sandbox isolate --
 
-.PHONY: test unit integration lint typecheck bench demo crds sandbox-deps clean
+.PHONY: test unit integration lint typecheck bench demo crds chart sandbox-deps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,13 +38,20 @@ typecheck: $(STAMP)
 sandbox-deps: $(STAMP)
 	$(PY) -m cacheroute.sandbox.binaries ensure
 
+## Generated files: CRDs and their reference (docs/crds.md) from the models; the chart's copies of
+## them, its RBAC rules and values schema, and the values table of docs/install.md.
 crds: $(STAMP)
-	$(VENV)/bin/cacheroute crds --out crds
+	$(VENV)/bin/cacheroute crds --out crds --reference docs/crds.md
+
+chart: crds
+	$(VENV)/bin/cacheroute chart --out helm/cacheroute --install-doc docs/install.md
 
 bench: $(STAMP) sandbox-deps
 	@mkdir -p bench-results
-	@# The router bench's Go load generator is built first, while the module proxy is reachable.
+	@# The router bench's Go load generator and the control bench's promtool are built first, while
+	@# the module proxy is reachable.
 	$(PY) -c "from tests.bench.bench_router import loadgen_binary; loadgen_binary()"
+	$(PY) -m cacheroute.sandbox.binaries ensure promtool
 	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(ISOLATE) $(PY) -m tests.bench.$$(basename $$b .py); done
 
 ## Shadow replay of the paper's workload on 30 modelled H100 destinations: table, JSON and plots in demo/.

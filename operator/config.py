@@ -37,36 +37,52 @@ class EnvoySettings(_Model):
         default=True,
         description="When the picker does not answer, send the request to any ready engine instead of failing it.",
     )
-    message_timeout: str = Field(default="5s", pattern=r"^[0-9]+(ms|s)$")
-    request_body_mode: Literal["NONE", "BUFFERED", "FULL_DUPLEX_STREAMED"] = "BUFFERED"
-    route_timeout: str = Field(default="600s", pattern=r"^[0-9]+(ms|s)$")
-    concurrency: int = Field(default=2, ge=1, le=64)
-    log_level: Literal["trace", "debug", "info", "warning", "error", "critical", "off"] = "warning"
+    message_timeout: str = Field(
+        default="5s", pattern=r"^[0-9]+(ms|s)$", description="How long Envoy waits for each answer of the picker."
+    )
+    request_body_mode: Literal["NONE", "BUFFERED", "FULL_DUPLEX_STREAMED"] = Field(
+        default="BUFFERED", description="How request bodies reach the picker (it reads the key from the body)."
+    )
+    route_timeout: str = Field(
+        default="600s", pattern=r"^[0-9]+(ms|s)$", description="Longest request, streaming included."
+    )
+    concurrency: int = Field(default=2, ge=1, le=64, description="Envoy worker threads.")
+    log_level: Literal["trace", "debug", "info", "warning", "error", "critical", "off"] = Field(
+        default="warning", description="Envoy's log level."
+    )
     resources: dict[str, Any] = Field(
-        default_factory=lambda: {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+        default_factory=lambda: {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        description="Resources of the Envoy container.",
     )
 
 
 class RouterDefaults(_Model):
     """The router Deployment of every pool."""
 
-    image: str = Field(default_factory=default_operator_image, min_length=1)
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    resources: dict[str, Any] = Field(
-        default_factory=lambda: {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+    image: str = Field(default_factory=default_operator_image, min_length=1, description="Router image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="imagePullPolicy of both router containers."
     )
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    scrape_interval_seconds: float = Field(default=0.5, ge=0)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    termination_grace_period_seconds: int = Field(default=30, ge=0)
-    envoy: EnvoySettings = Field(default_factory=EnvoySettings)
+    resources: dict[str, Any] = Field(
+        default_factory=lambda: {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        description="Resources of the endpoint picker container.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of router pods.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of router pods.")
+    scrape_interval_seconds: float = Field(
+        default=0.5, ge=0, description="How often the picker scrapes each vLLM pod's queue depth (0: never)."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Picker log level.")
+    termination_grace_period_seconds: int = Field(default=30, ge=0, description="Grace period of router pods.")
+    envoy: EnvoySettings = Field(default_factory=EnvoySettings, description="The Envoy container.")
 
 
 class EngineDefaults(_Model):
     """Settings of the vLLM pods that the pool spec leaves to the cluster operator."""
 
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="imagePullPolicy of the vLLM container."
+    )
     shm_size_limit: str = Field(default="16Gi", description="Size limit of the /dev/shm memory volume.")
     drain_seconds: int = Field(
         default=30, ge=0, description="preStop wait, so that routers stop sending before vLLM gets SIGTERM."
@@ -75,10 +91,10 @@ class EngineDefaults(_Model):
         default=130, ge=1, description="Room for the drain plus the longest request in flight."
     )
     readiness_path: str = Field(default="/v1/models", description="Answers only once the model is served.")
-    liveness_path: str = "/health"
-    probe_period_seconds: int = Field(default=10, ge=1)
-    cpu_request: str = "4"
-    memory_request: str = "32Gi"
+    liveness_path: str = Field(default="/health", description="Liveness (and startup) probe path.")
+    probe_period_seconds: int = Field(default=10, ge=1, description="Period of the vLLM probes.")
+    cpu_request: str = Field(default="4", description="CPU request of a vLLM pod.")
+    memory_request: str = Field(default="32Gi", description="Memory request of a vLLM pod.")
 
 
 class ProfilingDefaults(_Model):

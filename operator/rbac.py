@@ -41,6 +41,8 @@ OPERATOR_RULES: tuple[Rule, ...] = (
         ("update",),
         "owner references with blockOwnerDeletion on owned objects",
     ),
+    Rule(("cacheroute.dev",), ("affinityplans",), (*READ, "patch"), "AffinityPlans; kopf keeps its daemons' finalizer"),
+    Rule(("cacheroute.dev",), ("affinityplans/status",), ("get", "patch"), "plan version, figures, conditions"),
     Rule(("kopf.dev",), ("clusterkopfpeerings", "kopfpeerings"), (*READ, "create", "patch"), "peering of replicas"),
     Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), READ, "kopf follows CRDs as they appear"),
     Rule(("",), ("namespaces",), READ, "kopf resolves the namespaces it serves"),

@@ -85,6 +85,10 @@ class KeyStats:
 
     `rate` is in requests per second; token columns are means per request. Keys are the strings
     clients send (the plan stores only their 64-bit `affinity_key_hash`).
+
+    `key_hashes`, when given, are the keys' hashes as already known to the caller, and `names`
+    only label the rows: the router's metrics name most keys by their hash alone (the clear key
+    never leaves it), so statistics read from them cannot be hashed again.
     """
 
     names: tuple[str, ...]
@@ -94,11 +98,14 @@ class KeyStats:
     output_tokens: F64
     unkeyed: UnkeyedTraffic = field(default_factory=UnkeyedTraffic)
     window_s: float | None = None
+    key_hashes: U64 | None = None
 
     def __post_init__(self) -> None:
         names = tuple(self.names)
         object.__setattr__(self, "names", names)
         n = len(names)
+        if self.key_hashes is not None:
+            self._set_known_hashes(self.key_hashes, n)
         for col in ("rate", "prompt_tokens", "prefix_tokens", "output_tokens"):
             arr = _as_column(f"stats.{col}", getattr(self, col), n)
             _check_column(f"stats.{col}", arr, names)
@@ -121,12 +128,28 @@ class KeyStats:
         if self.window_s is not None and not (math.isfinite(self.window_s) and self.window_s > 0):
             raise PlanInputError(f"stats.window_s is {self.window_s!r}: must be a positive number of seconds")
 
+    def _set_known_hashes(self, given: object, n: int) -> None:
+        try:
+            hashes = np.asarray(given)
+        except (TypeError, ValueError) as exc:
+            raise PlanInputError(f"stats.key_hashes is not an array of 64-bit hashes: {exc}") from exc
+        if hashes.ndim != 1 or len(hashes) != n:
+            raise PlanInputError(f"stats.key_hashes has shape {hashes.shape}, expected ({n},) (one per key)")
+        if n and hashes.dtype != np.uint64:
+            raise PlanInputError(f"stats.key_hashes has dtype {hashes.dtype}, expected uint64")
+        hashes = hashes.astype(np.uint64, copy=False)
+        if len(np.unique(hashes)) != n:
+            raise PlanInputError("stats.key_hashes lists a hash more than once")
+        object.__setattr__(self, "key_hashes", hashes)
+        # Primes the cached property below, so nothing hashes the row names.
+        self.__dict__["hashes"] = hashes
+
     def __len__(self) -> int:
         return len(self.names)
 
     @cached_property
     def hashes(self) -> U64:
-        """`affinity_key_hash` of every key (computed once, on first use)."""
+        """`affinity_key_hash` of every key (computed once, on first use), or `key_hashes`."""
         return affinity_key_hashes(self.names)
 
     def hashes_of(self, index: I64) -> U64:
@@ -237,4 +260,5 @@ def key_stats_from_trace(trace: RequestTrace, start_s: float | None = None, end_
         output_tokens=np.bincount(key_of, weights=output[req], minlength=n_keys) / fc,
         unkeyed=unkeyed,
         window_s=duration,
+        key_hashes=None if win.key_hashes is None else win.key_hashes[ids],
     )

@@ -31,6 +31,8 @@ class RequestTrace:
     block_size: int
     key_names: tuple[str, ...]
     name: str = "trace"
+    # The keys' affinity hashes when known without their clear names (see `KeyStats.key_hashes`).
+    key_hashes: npt.NDArray[np.uint64] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -45,6 +47,8 @@ class RequestTrace:
             raise ValueError("block_size must be positive")
         if n and int(self.key.max(initial=NO_KEY)) >= len(self.key_names):
             raise ValueError("a key id has no entry in key_names")
+        if self.key_hashes is not None and len(self.key_hashes) != len(self.key_names):
+            raise ValueError("key_hashes must have one entry per key name")
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -71,6 +75,7 @@ class RequestTrace:
             block_size=self.block_size,
             key_names=self.key_names,
             name=self.name,
+            key_hashes=self.key_hashes,
         )
 
     def window(self, start_s: float, end_s: float) -> RequestTrace:
@@ -87,4 +92,5 @@ class RequestTrace:
             block_size=self.block_size,
             key_names=self.key_names,
             name=self.name,
+            key_hashes=self.key_hashes,
         )

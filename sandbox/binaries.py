@@ -132,6 +132,9 @@ class GoComponent:
     # Optional for an envtest-style installation (which ships only etcd and kube-apiserver).
     in_envtest: bool = False
     tags: tuple[str, ...] = ()
+    # Built only when asked for by name (`ensure promtool`), not by a plain `ensure`: tools that
+    # only benchmarks need.
+    on_demand: bool = False
 
     @property
     def cache_key(self) -> str:
@@ -183,6 +186,16 @@ GO_COMPONENTS: dict[str, GoComponent] = {
             "github.com/prometheus/prometheus/cmd/prometheus",
             _prometheus_ldflags,
             tags=("remove_all_sd", "enable_kubernetes_sd"),
+        ),
+        # Backfills Prometheus from OpenMetrics files (`tsdb create-blocks-from openmetrics`).
+        GoComponent(
+            "promtool",
+            "github.com/prometheus/prometheus",
+            PROMETHEUS_VERSION,
+            "github.com/prometheus/prometheus/cmd/promtool",
+            _prometheus_ldflags,
+            tags=("remove_all_sd",),
+            on_demand=True,
         ),
     )
 }
@@ -256,8 +269,9 @@ def locate(name: str) -> Located:
     if component is not None:
         if _is_cached(component):
             return Located(name, cached_path(component), f"cache ({component.version})")
+        command = f"ensure {name}" if component.on_demand else "ensure"
         raise BinaryNotFoundError(
-            f"{name} {component.version} is not built: run `python -m cacheroute.sandbox.binaries ensure` "
+            f"{name} {component.version} is not built: run `python -m cacheroute.sandbox.binaries {command}` "
             f"(needs Go), or set {override} or {ASSETS_ENV}"
         )
     envoy = _envoy_from_wheel()
@@ -267,8 +281,9 @@ def locate(name: str) -> Located:
 
 
 def missing_go_components(names: Sequence[str] | None = None) -> list[GoComponent]:
-    """The Go components (of `names`, default all) that `locate` cannot find."""
-    chosen = [GO_COMPONENTS[n] for n in (names or list(GO_COMPONENTS))]
+    """The Go components (of `names`, default all but the on-demand ones) that `locate` cannot find."""
+    default = [n for n, c in GO_COMPONENTS.items() if not c.on_demand]
+    chosen = [GO_COMPONENTS[n] for n in (names or default)]
     missing = []
     for component in chosen:
         try:
@@ -501,7 +516,7 @@ def ensure(
 ) -> dict[str, Located]:
     """Build the Go components that cannot be located, then locate every requested one."""
     console = console or Console(stderr=True)
-    chosen = list(names) if names else list(GO_COMPONENTS)
+    chosen = list(names) if names else [n for n, c in GO_COMPONENTS.items() if not c.on_demand]
     unknown = [n for n in chosen if n not in GO_COMPONENTS]
     if unknown:
         raise BuildError(f"unknown component(s) {', '.join(unknown)}; known: {', '.join(GO_COMPONENTS)}")

@@ -27,12 +27,12 @@ MAX_DESTINATIONS_PER_KEY = 16
 
 
 class PoolRef(ApiModel):
-    name: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253, description="InferencePool in the same namespace.")
 
 
 class PrometheusSpec(ApiModel):
     url: str | None = Field(default=None, max_length=2048, description="Defaults to the operator's --prometheus-url.")
-    timeout: Duration = "10s"
+    timeout: Duration = Field(default="10s", description="Each query gives up after this long.")
 
 
 class BudgetSpec(ApiModel):
@@ -44,7 +44,9 @@ class BudgetSpec(ApiModel):
     auto_fraction: float = Field(
         default=0.6, gt=0, le=1, description="With auto: this share of each destination's KV capacity."
     )
-    max_destinations_per_key: int = Field(default=4, ge=1, le=MAX_DESTINATIONS_PER_KEY)
+    max_destinations_per_key: int = Field(
+        default=4, ge=1, le=MAX_DESTINATIONS_PER_KEY, description="Most destinations one hot key is spread over."
+    )
     max_key_share_of_destination: float = Field(
         default=0.5, gt=0, le=1, description="A key needing more of a destination than this is replicated."
     )
@@ -60,9 +62,15 @@ class StabilitySpec(ApiModel):
 class GuardSpec(ApiModel):
     """Shadow-replay gate: a candidate plan is applied only if it meets these."""
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="Replay each candidate before applying it.")
     p99_ttft: Duration = Field(default="3.5s", description="Service-level objective on p99 time to first token.")
     min_kv_hit_gain: float = Field(default=0.0, ge=-1, le=1, description="Required gain in served KV hit over p2c.")
+    replay_duration: Duration = Field(
+        default="2m",
+        description=(
+            "Traffic replayed per verdict, synthesised from the window's statistics; the first half warms caches."
+        ),
+    )
 
 
 class PinnedRoute(ApiModel):
@@ -78,13 +86,17 @@ class AffinityPlanSpec(ApiModel):
         default="Auto",
         description="Auto plans and applies; Shadow plans and replays without applying; Manual applies pinned only.",
     )
-    control_period: Duration = "5m"
-    metrics_window: Duration = "30m"
-    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
+    control_period: Duration = Field(default="5m", description="How often the operator re-plans.")
+    metrics_window: Duration = Field(default="30m", description="How much history each plan reads.")
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Where the metrics come from.")
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    stability: StabilitySpec = Field(default_factory=StabilitySpec)
+    stability: StabilitySpec = Field(default_factory=StabilitySpec, description="Low-churn re-planning.")
     guard: GuardSpec = Field(default_factory=GuardSpec)
-    pinned: list[PinnedRoute] = Field(default_factory=list, max_length=MAX_PINNED)
+    pinned: list[PinnedRoute] = Field(
+        default_factory=list,
+        max_length=MAX_PINNED,
+        description="Routes always honoured (Manual: the only ones); `cacheroute plan -o yaml` writes them.",
+    )
 
     rules: ClassVar[tuple[CrossFieldRule, ...]] = (
         CrossFieldRule(
@@ -111,12 +123,22 @@ class AffinityPlanSpec(ApiModel):
 
 
 class AffinityPlanStatus(ApiModel):
+    """What the control loop last did. The figures describe the plan in effect (Auto, Manual) or
+    the plan Shadow would apply; `candidateVersion` is the last plan computed, applied or not."""
+
     observed_generation: int | None = Field(default=None, ge=0)
-    plan_version: str | None = Field(default=None, max_length=64)
+    plan_version: str | None = Field(default=None, max_length=64, description="Version of the plan in effect.")
     applied_at: datetime | None = None
+    candidate_version: str | None = Field(default=None, max_length=64, description="Version of the last candidate.")
+    last_period_time: datetime | None = Field(
+        default=None, description="When the last control period read its metrics window."
+    )
     admitted_keys: int | None = Field(default=None, ge=0)
     covered_request_share: float | None = Field(default=None, ge=0, le=1)
     churn: float | None = Field(default=None, ge=0, le=1)
+    forced_churn: float | None = Field(
+        default=None, ge=0, le=1, description="Part of churn forced by destinations that left or lost room."
+    )
     predicted_kv_hit: float | None = Field(default=None, ge=0, le=1)
     observed_kv_hit: float | None = Field(default=None, ge=0, le=1)
     predicted_p99_ttft_seconds: float | None = Field(default=None, ge=0)

@@ -27,8 +27,8 @@ DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.31.0"
 
 
 class ConfigMapKeyRef(ApiModel):
-    name: str = Field(min_length=1, max_length=253)
-    key: str = Field(default="config.json", min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253, description="ConfigMap in the pool's namespace.")
+    key: str = Field(default="config.json", min_length=1, max_length=253, description="Key holding config.json.")
 
 
 class ModelSpec(ApiModel):
@@ -54,26 +54,37 @@ class ModelSpec(ApiModel):
 
 
 class EnvVar(ApiModel):
-    name: str = Field(min_length=1, max_length=256)
-    value: str = Field(default="", max_length=32768)
+    name: str = Field(min_length=1, max_length=256, description="Variable name.")
+    value: str = Field(default="", max_length=32768, description="Its value.")
 
 
 class EngineSpec(ApiModel):
     """The vLLM container."""
 
-    image: str = Field(default=DEFAULT_ENGINE_IMAGE, min_length=1, max_length=512)
-    port: int = Field(default=8000, ge=1, le=65535)
-    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=128)
-    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    image: str = Field(
+        default=DEFAULT_ENGINE_IMAGE, min_length=1, max_length=512, description="vLLM image (entry point vllm serve)."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="vLLM's HTTP port (API, /health, /metrics).")
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=128, description="More vllm serve arguments, after the operator's own."
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Environment of the vLLM container.")
     startup_timeout: Duration = Field(default="30m", description="How long a replica may take to load weights.")
 
 
 class GpuSpec(ApiModel):
     """The GPU the pool runs on, as GPU feature discovery labels nodes."""
 
-    product: str = Field(default="NVIDIA-H100-80GB-HBM3", min_length=1, max_length=128)
-    memory_gib: float = Field(default=80.0, gt=0, le=1024)
-    resource_name: str = Field(default="nvidia.com/gpu", min_length=1, max_length=253)
+    product: str = Field(
+        default="NVIDIA-H100-80GB-HBM3",
+        min_length=1,
+        max_length=128,
+        description="Value of the nodes' nvidia.com/gpu.product label; replicas are scheduled there.",
+    )
+    memory_gib: float = Field(default=80.0, gt=0, le=1024, description="Memory of one GPU, for the memory plan.")
+    resource_name: str = Field(
+        default="nvidia.com/gpu", min_length=1, max_length=253, description="Extended resource requested per GPU."
+    )
     count_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on one node of this product.")
     node_memory_gib: float | None = Field(
         default=None,
@@ -96,7 +107,9 @@ class MemorySpec(ApiModel):
             "Manual takes the flags given."
         ),
     )
-    max_model_len: int | None = Field(default=None, ge=256, le=10_485_760)
+    max_model_len: int | None = Field(
+        default=None, ge=256, le=10_485_760, description="Longest request in tokens (default: the model's native)."
+    )
     max_num_batched_tokens: Annotated[int, Field(ge=256, le=1_048_576)] | Literal["auto"] = Field(
         default="auto", description="A token count, or auto to let the memory plan choose."
     )
@@ -124,11 +137,23 @@ class MemorySpec(ApiModel):
 class RouterSpec(ApiModel):
     """The endpoint picker in front of the pool."""
 
-    replicas: int = Field(default=2, ge=0, le=64)
+    replicas: int = Field(default=2, ge=0, le=64, description="Router pods (any number make the same decisions).")
     image: str | None = Field(default=None, max_length=512, description="Defaults to the operator's own image.")
-    key_header: str = Field(default="x-affinity-key", min_length=1, max_length=256, pattern=HTTP_HEADER_NAME)
+    key_header: str = Field(
+        default="x-affinity-key",
+        min_length=1,
+        max_length=256,
+        pattern=HTTP_HEADER_NAME,
+        description="Request header holding the affinity key.",
+    )
     body_field: str | None = Field(default="user", max_length=256, description="OpenAI request field holding the key.")
-    session_header: str | None = Field(default=None, min_length=1, max_length=256, pattern=HTTP_HEADER_NAME)
+    session_header: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=HTTP_HEADER_NAME,
+        description="Header used as the key when neither the header nor the field is set.",
+    )
     prompt_prefix_chars: int = Field(
         default=0, ge=0, le=65536, description="If > 0, hash this many leading prompt characters when no key is given."
     )
@@ -143,19 +168,21 @@ class RouterSpec(ApiModel):
 class GieSpec(ApiModel):
     """Publish a Gateway API Inference Extension InferencePool pointing at our router."""
 
-    enabled: bool = False
-    failure_mode: Literal["FailOpen", "FailClose"] = "FailOpen"
+    enabled: bool = Field(default=False, description="Create the GIE InferencePool (needs the GIE CRDs).")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailOpen", description="What the gateway does when our picker does not answer."
+    )
 
 
 class InferencePoolSpec(ApiModel):
     model: ModelSpec
     engine: EngineSpec = Field(default_factory=EngineSpec)
-    replicas: int = Field(default=1, ge=0, le=1024)
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    replicas: int = Field(default=1, ge=0, le=1024, description="vLLM replicas (destinations <pool>-0 ...).")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs per replica, on one node.")
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     memory: MemorySpec = Field(default_factory=MemorySpec)
     router: RouterSpec = Field(default_factory=RouterSpec)
-    prefix_caching: bool = True
+    prefix_caching: bool = Field(default=True, description="vLLM's automatic prefix caching.")
     gie: GieSpec = Field(default_factory=GieSpec)
 
     rules: ClassVar[tuple[CrossFieldRule, ...]] = (
@@ -180,32 +207,43 @@ class InferencePoolSpec(ApiModel):
 
 
 class Destination(ApiModel):
-    id: str
-    address: str = ""
-    ready: bool = False
+    id: str = Field(description="Destination id: the pod name <pool>-<ordinal>.")
+    address: str = Field(default="", description="ip:port of vLLM.")
+    ready: bool = Field(default=False, description="The pod is ready (serves the model).")
 
 
 class MemoryPlanStatus(ApiModel):
-    kv_cache_memory_bytes: int = Field(ge=0)
-    max_num_batched_tokens: int = Field(ge=0)
-    max_model_len: int = Field(ge=0)
-    max_num_seqs: int = Field(ge=0)
-    kv_capacity_tokens: int = Field(ge=0)
-    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    host_kv_cache_bytes: int = Field(default=0, ge=0)
-    host_kv_capacity_tokens: int = Field(default=0, ge=0)
-    pod_memory_bytes: int = Field(default=0, ge=0)
-    source: Literal["Profiled", "Analytic", "Manual"]
-    inputs: dict[str, str] = Field(default_factory=dict)
+    kv_cache_memory_bytes: int = Field(ge=0, description="--kv-cache-memory-bytes per GPU.")
+    max_num_batched_tokens: int = Field(ge=0, description="--max-num-batched-tokens.")
+    max_model_len: int = Field(ge=0, description="--max-model-len.")
+    max_num_seqs: int = Field(ge=0, description="--max-num-seqs.")
+    kv_capacity_tokens: int = Field(ge=0, description="KV cache capacity of one replica, in tokens.")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(default="auto", description="--kv-cache-dtype.")
+    host_kv_cache_bytes: int = Field(
+        default=0, ge=0, description="--kv-offloading-size in bytes: the host-memory KV tier of one replica."
+    )
+    host_kv_capacity_tokens: int = Field(default=0, ge=0, description="Host-memory KV tier of one replica, in tokens.")
+    pod_memory_bytes: int = Field(
+        default=0, ge=0, description="Host memory an engine pod needs: the host tier plus the reserve of its GPUs."
+    )
+    source: Literal["Profiled", "Analytic", "Manual"] = Field(description="Where the plan came from.")
+    inputs: dict[str, str] = Field(default_factory=dict, description="What the plan was computed from.")
 
 
 class InferencePoolStatus(ApiModel):
-    observed_generation: int | None = Field(default=None, ge=0)
-    replicas: int = Field(default=0, ge=0)
-    ready_replicas: int = Field(default=0, ge=0)
-    destinations: list[Destination] = Field(default_factory=list, max_length=1024)
-    memory_plan: MemoryPlanStatus | None = None
-    conditions: list[Condition] = Field(default_factory=list, max_length=16, json_schema_extra=CONDITIONS_FIELD)
+    observed_generation: int | None = Field(default=None, ge=0, description="The spec generation last acted on.")
+    replicas: int = Field(default=0, ge=0, description="Destinations that exist.")
+    ready_replicas: int = Field(default=0, ge=0, description="Destinations that are ready.")
+    destinations: list[Destination] = Field(
+        default_factory=list, max_length=1024, description="The engine pods: what plans route to."
+    )
+    memory_plan: MemoryPlanStatus | None = Field(default=None, description="The vLLM memory flags in force.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra=CONDITIONS_FIELD,
+        description="Ready, MemoryPlanned, Progressing, Degraded (docs/operations.md).",
+    )
 
 
 class InferencePool(ApiModel):

@@ -12,12 +12,14 @@ from rich.console import Console
 
 from cacheroute.operator.api.crdgen import rendered_files, write_crds
 from cacheroute.operator.api.manifests import ManifestError, documents, parse_resource
+from cacheroute.operator.api.reference import crd_reference
+from cacheroute.operator.cli import chart as chart_commands
 from cacheroute.operator.cli import memory as memory_commands
 from cacheroute.operator.cli import operator as operator_commands
 from cacheroute.operator.cli import plan as plan_commands
 from cacheroute.operator.cli import replay as replay_commands
 from cacheroute.operator.cli.errors import USAGE, CommandLine, describe_os_error, fail, report
-from cacheroute.operator.files import OutputPathError, check_output_dir
+from cacheroute.operator.files import OutputPathError, check_output_dir, check_output_file, write_atomically
 from cacheroute.operator.version import package_version
 from cacheroute.router.cli import app as router_app
 from cacheroute.sandbox.cli import app as sandbox_app
@@ -44,13 +46,19 @@ def crds(
     out: Annotated[
         Path, typer.Option("--out", "-o", file_okay=False, help="Directory to write the CRD YAML files into.")
     ] = Path("crds"),
+    reference: Annotated[
+        Path | None,
+        typer.Option(dir_okay=False, help="Also write the field reference (Markdown) to this file, e.g. docs/crds.md."),
+    ] = None,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; fail if the files in --out differ from the models.")
     ] = False,
 ) -> None:
-    """Generate the CustomResourceDefinitions from the typed models."""
+    """Generate the CustomResourceDefinitions (and their field reference) from the typed models."""
     try:
         check_output_dir(out, "--out")
+        if reference is not None:
+            check_output_file(reference, "--reference")
     except OutputPathError as exc:
         raise fail(str(exc)) from None
     if check:
@@ -61,10 +69,15 @@ def crds(
         ]
         if stale:
             raise fail(f"out of date in {out}: {', '.join(stale)} — run `cacheroute crds --out {out}`", 1)
+        if reference is not None and (not reference.is_file() or reference.read_text("utf-8") != crd_reference()):
+            raise fail(f"out of date: {reference} — run `make crds`", 1)
         console.print(f"CRDs in {out} match the models")
         return
     for path in write_crds(out):
         console.print(f"wrote {path}")
+    if reference is not None:
+        write_atomically(reference, crd_reference())
+        console.print(f"wrote {reference}")
 
 
 @app.command()
@@ -114,7 +127,7 @@ def validate(
 
 # Sub-commands of the other components, imported explicitly so that every tool following imports
 # sees the links (and the import contracts in pyproject.toml can check them).
-for _commands in (plan_commands, replay_commands, memory_commands, operator_commands):
+for _commands in (plan_commands, replay_commands, memory_commands, operator_commands, chart_commands):
     _commands.register(app)
 app.add_typer(router_app, name="router")
 app.add_typer(sandbox_app, name="sandbox")

@@ -71,6 +71,8 @@ class RouterView:
 
     def key_hashes(self) -> npt.NDArray[np.uint64]:
         """64-bit hash of every key name (what the router computes from the key it extracts)."""
+        if self._key_hashes is None and self.trace.key_hashes is not None:
+            self._key_hashes = self.trace.key_hashes
         if self._key_hashes is None:
             names = self.trace.key_names
             self._key_hashes = np.fromiter(

@@ -66,5 +66,6 @@ def window_from_stats(
         block_size=block_size,
         key_names=stats.names,
         name="stats-window",
+        key_hashes=stats.key_hashes,
     )
 

@@ -216,13 +216,21 @@ def _check_range(flag: str, value: float, lo: float, hi: float) -> None:
         raise EmulatorArgsError(f"{flag} {value!r} must be a finite number in [{lo:g}, {hi:g}]")
 
 
-def _architecture(model: str, env: Mapping[str, str]) -> ModelArchitecture | None:
-    name = env.get(ENV_ARCHITECTURE) or model
-    if preset_key(name) is None:
-        if env.get(ENV_ARCHITECTURE):
-            raise EmulatorArgsError(f"{ENV_ARCHITECTURE}={name!r} is not a known architecture preset")
-        return None
-    return preset(name)
+def _architecture(model: str, served_names: Sequence[str], env: Mapping[str, str]) -> ModelArchitecture | None:
+    """The preset of the environment's override, else of the weights' name, else of a served name.
+
+    Weights often load from a path or a quantized export (`pvc://...`, `org/Model-FP8-dynamic`) while
+    the served name is the canonical one, which names the architecture as vLLM's config.json would.
+    """
+    override = env.get(ENV_ARCHITECTURE)
+    if override:
+        if preset_key(override) is None:
+            raise EmulatorArgsError(f"{ENV_ARCHITECTURE}={override!r} is not a known architecture preset")
+        return preset(override)
+    for name in (model, *served_names):
+        if preset_key(name) is not None:
+            return preset(name)
+    return None
 
 
 def _profile(env: Mapping[str, str], kv_cache_dtype: str) -> EngineProfile:
@@ -292,7 +300,7 @@ def parse_vllm_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -
     max_seqs = human_int(known.max_num_seqs, "--max-num-seqs") if known.max_num_seqs else gpu.default_max_num_seqs
     if mnbt < 1 or max_seqs < 1:
         raise EmulatorArgsError("--max-num-batched-tokens and --max-num-seqs must be positive")
-    arch = _architecture(model, env)
+    arch = _architecture(model, known.served_model_name or [], env)
     max_model_len = (
         human_int(known.max_model_len, "--max-model-len")
         if known.max_model_len

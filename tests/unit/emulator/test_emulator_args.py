@@ -101,6 +101,14 @@ def test_emulator_settings_come_from_the_environment() -> None:
         parse_vllm_args([LLAMA], {"CACHEROUTE_EMULATOR_LOAD_SECONDS": "soon"})
 
 
+def test_weights_of_another_name_take_the_architecture_of_the_served_name() -> None:
+    # A pool loading a quantized export (or pvc://...) under the canonical served name.
+    flags = ["-tp", "2", "--kv-cache-memory-bytes", "8G", "--max-model-len", "32768"]
+    config = parse_vllm_args(["RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", "--served-model-name", LLAMA, *flags])
+    assert config.served_model_names == (LLAMA,)
+    assert config.kv_capacity_tokens == parse_vllm_args([LLAMA, *flags]).kv_capacity_tokens > 50_000
+
+
 def test_kv_offloading_gives_the_engine_a_host_tier_sized_over_the_tp_ranks() -> None:
     config = parse_vllm_args([LLAMA, "-tp", "2", "--kv-cache-memory-bytes", "8G", "--max-model-len", "32768",
                               "--kv-offloading-size", "64"])

@@ -193,3 +193,32 @@ def test_bad_unkeyed_traffic_is_refused() -> None:
         UnkeyedTraffic(rate=-1.0)
     with pytest.raises(PlanInputError, match=r"unkeyed\.prompt_tokens is nan"):
         UnkeyedTraffic(prompt_tokens=float("nan"))
+
+
+def test_known_hashes_name_the_keys_without_hashing_the_row_names() -> None:
+    hashes = np.array([affinity_key_hash("alpha"), 7], dtype=np.uint64)
+    stats = KeyStats(
+        names=("alpha", "0000000000000007"),
+        rate=np.array([1.0, 2.0]),
+        prompt_tokens=np.array([100.0, 100.0]),
+        prefix_tokens=np.array([50.0, 50.0]),
+        output_tokens=np.array([10.0, 10.0]),
+        key_hashes=hashes,
+    )
+    assert stats.hashes.tolist() == hashes.tolist()
+    assert stats.hashes_of(np.array([1])).tolist() == [7]
+
+
+@pytest.mark.parametrize(
+    ("hashes", "message"),
+    [
+        (np.array([1], dtype=np.uint64), "shape"),
+        (np.array([3, 3], dtype=np.uint64), "more than once"),
+        (np.array([1, 2], dtype=np.int64), "dtype"),
+    ],
+)
+def test_known_hashes_must_be_one_distinct_uint64_per_key(hashes: np.ndarray, message: str) -> None:
+    with pytest.raises(PlanInputError, match=message):
+        ones = np.ones(2)
+        KeyStats(names=("a", "b"), rate=ones, prompt_tokens=ones, prefix_tokens=0 * ones, output_tokens=ones,
+                 key_hashes=hashes)

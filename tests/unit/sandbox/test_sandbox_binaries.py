@@ -83,6 +83,13 @@ def test_envtest_assets_need_not_hold_every_component(monkeypatch: pytest.Monkey
     assert missing == ["kube-controller-manager", "kube-scheduler", "kwok", "helm", "prometheus"]
 
 
+def test_tools_built_on_demand_are_left_out_unless_named() -> None:
+    assert "promtool" not in [c.name for c in binaries.missing_go_components()]
+    assert [c.name for c in binaries.missing_go_components(["promtool"])] == ["promtool"]
+    with pytest.raises(BinaryNotFoundError, match=r"binaries ensure promtool"):
+        locate("promtool")
+
+
 def test_override_that_is_not_executable_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CACHEROUTE_ETCD", str(tmp_path / "absent"))
     with pytest.raises(BinaryNotFoundError, match=r"CACHEROUTE_ETCD points at .*absent"):

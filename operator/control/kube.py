@@ -1,0 +1,127 @@
+"""The API calls of the control loop: the pool, the AffinityPlan's status, the plan ConfigMaps.
+
+The kubernetes client blocks, so every call here is synchronous and the loop runs it in a worker
+thread. Not-found comes back as None; other API errors raise `ApiError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from cacheroute.operator.api.common import GROUP, VERSION
+
+POOL_PLURAL = "inferencepools"
+PLAN_PLURAL = "affinityplans"
+
+
+class ApiError(RuntimeError):
+    """An API server call failed (not a missing object)."""
+
+
+def _fail(what: str, exc: Any) -> ApiError:
+    status = getattr(exc, "status", None)
+    reason = getattr(exc, "reason", None) or type(exc).__name__
+    return ApiError(f"{what} failed: {status or ''} {reason}".replace("  ", " ").strip())
+
+
+def default_api_client() -> Any:
+    """An API client: in-cluster credentials, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        return config.new_client_from_config()
+    return client.ApiClient(configuration)
+
+
+class ControlApi:
+    """Typed-enough wrappers over the kubernetes client for one API server."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self._exception = client.ApiException
+
+    def get_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POOL_PLURAL, name)
+        except self._exception as exc:
+            if exc.status == 404:
+                return None
+            raise _fail(f"reading InferencePool {namespace}/{name}", exc) from None
+        return obj
+
+    def get_plan(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLAN_PLURAL, name)
+        except self._exception as exc:
+            if exc.status == 404:
+                return None
+            raise _fail(f"reading AffinityPlan {namespace}/{name}", exc) from None
+        return obj
+
+    def patch_plan_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLAN_PLURAL, name, {"status": dict(status)}
+            )
+        except self._exception as exc:
+            if exc.status == 404:
+                return  # deleted while the period ran
+            raise _fail(f"updating the status of AffinityPlan {namespace}/{name}", exc) from None
+
+    def read_configmap_files(self, namespace: str, name: str) -> tuple[dict[str, bytes], Mapping[str, str]] | None:
+        """(binaryData files, annotations) of a ConfigMap; None when it does not exist."""
+        try:
+            cm = self.core.read_namespaced_config_map(name, namespace)
+        except self._exception as exc:
+            if exc.status == 404:
+                return None
+            raise _fail(f"reading ConfigMap {namespace}/{name}", exc) from None
+        files = {k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()}
+        return files, dict(cm.metadata.annotations or {})
+
+    def write_configmap_files(
+        self,
+        namespace: str,
+        name: str,
+        files: Mapping[str, bytes | None],
+        *,
+        annotations: Mapping[str, str],
+        create_metadata: Mapping[str, Any],
+    ) -> None:
+        """Set (or, with None, remove) files of a ConfigMap's binaryData, creating it if absent.
+
+        A merge patch touches only the named files and annotations: labels and owners that the
+        pool's reconciler sets stay as they are.
+        """
+        data = {k: base64.b64encode(v).decode("ascii") if v is not None else None for k, v in files.items()}
+        patch = {"metadata": {"annotations": dict(annotations)}, "binaryData": data}
+        try:
+            self.core.patch_namespaced_config_map(name, namespace, patch)
+            return
+        except self._exception as exc:
+            if exc.status != 404:
+                raise _fail(f"writing ConfigMap {namespace}/{name}", exc) from None
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {**create_metadata, "name": name, "namespace": namespace, "annotations": dict(annotations)},
+            "binaryData": {k: v for k, v in data.items() if v is not None},
+        }
+        try:
+            self.core.create_namespaced_config_map(namespace, body)
+        except self._exception as exc:
+            if exc.status == 409:  # created meanwhile (by the pool's reconciler): patch that one
+                try:
+                    self.core.patch_namespaced_config_map(name, namespace, patch)
+                    return
+                except self._exception as again:
+                    raise _fail(f"writing ConfigMap {namespace}/{name}", again) from None
+            raise _fail(f"creating ConfigMap {namespace}/{name}", exc) from None

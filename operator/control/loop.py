@@ -1,0 +1,551 @@
+"""One AffinityPlan's control loop: every control period, from Prometheus to the plan ConfigMaps.
+
+A period (`PlanLoop.run_period`):
+
+1. reads the pool and the plan in effect, read back from its ConfigMaps (so a restarted or
+   failed-over operator re-plans from what the routers follow: it neither loses nor churns it);
+2. reads the metrics window from Prometheus (`prometheus.PrometheusReader`);
+3. computes a candidate with the planner, the plan in effect as the previous plan (Manual: the
+   pinned routes, nothing computed);
+4. judges it in shadow replay against the plan in effect and p2c (`guard`);
+5. publishes it (Auto, Manual: shards first, header last; Shadow never does), and
+6. writes status and conditions, posts Events, updates the metrics (`report`, `metrics`).
+
+Anything that goes wrong keeps the plan in effect: Prometheus unreachable, slow or empty, a pool
+without a ready destination, a rejected candidate, an empty candidate where a plan routes keys.
+The next period tries again. Blocking work (API calls, queries, planning, replay, encoding)
+runs in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from pydantic import ValidationError
+
+from cacheroute.operator.api.common import parse_duration
+from cacheroute.operator.api.plan import AffinityPlanSpec
+from cacheroute.operator.api.pool import InferencePool
+from cacheroute.operator.control import conditions as cond
+from cacheroute.operator.control import inputs
+from cacheroute.operator.control.conditions import Finding
+from cacheroute.operator.control.guard import run_guard
+from cacheroute.operator.control.kube import ApiError, ControlApi
+from cacheroute.operator.control.metrics import PlanMetrics
+from cacheroute.operator.control.period import EventKind, PeriodResult, pct, seconds_text, verdict_text
+from cacheroute.operator.control.plans import check_payload, manual_plan, same_routing
+from cacheroute.operator.control.prometheus import (
+    REASON_NOT_CONFIGURED,
+    MetricsReadError,
+    PrometheusReader,
+    WindowMetrics,
+)
+from cacheroute.operator.control.promql import PoolSeries
+from cacheroute.operator.control.publish import CurrentPlan, publish, read_current
+from cacheroute.operator.control.report import SHADOW_PLANNED, events_to_post, iso, new_status
+from cacheroute.operator.control.settings import ControlSettings
+from cacheroute.operator.fleet.names import MAX_PLAN_SHARDS
+from cacheroute.planner.errors import PlanInputError
+from cacheroute.planner.plan import Destination, Plan, PlanError, validate_plan
+from cacheroute.planner.plan_format import PlanPayload, encode_plan
+from cacheroute.planner.planning import PlanResult, compute_plan
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# A period never starts sooner than this after the previous one, whatever the spec says.
+MIN_PERIOD_S = 1.0
+# A period that found nothing to plan from yet (its pool still starting, no traffic counted yet) is
+# retried this soon instead of a whole control period later: a plan applied with its pool, as
+# `kubectl apply -f examples/` does, would otherwise sit idle for the default five minutes.
+WAITING_RETRY_S = 15.0
+WAITING_REASONS = frozenset({cond.POOL_NOT_FOUND, cond.POOL_NOT_READY, cond.NO_TRAFFIC})
+
+
+class EventSink(Protocol):
+    def __call__(self, kind: EventKind, reason: str, message: str) -> None: ...
+
+
+class WindowReader(Protocol):
+    async def read_window(
+        self, series: PoolSeries, window_s: float, *, at: int, keys: bool = True
+    ) -> WindowMetrics: ...
+
+    def close(self) -> None: ...
+
+
+ReaderFactory = Callable[[str, float], WindowReader]
+
+
+def _default_reader(url: str, timeout_s: float) -> WindowReader:
+    return PrometheusReader(url, timeout_s=timeout_s)
+
+
+def _parse_time(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def encode_checked(plan: Plan) -> PlanPayload:
+    """The ConfigMap payload of `plan`: the plan passes `validate_plan` (the check every router
+    applies), the payload decodes back to the same routes, and it fits the ConfigMaps the pool's
+    routers mount."""
+    validate_plan(plan)
+    payload = encode_plan(plan)
+    check_payload(plan, payload)
+    if len(payload.configmaps) > MAX_PLAN_SHARDS:
+        raise PlanError(
+            f"plan {payload.version} needs {len(payload.configmaps)} ConfigMaps; the pool's routers mount at most "
+            f"{MAX_PLAN_SHARDS} (lower the warm budget or the routers' sketch size)"
+        )
+    return payload
+
+
+@dataclass
+class _Work:
+    """What one period works on."""
+
+    result: PeriodResult
+    spec: AffinityPlanSpec
+    pool: InferencePool
+    pool_obj: Mapping[str, Any]
+    current: CurrentPlan
+    publish_allowed: Callable[[], bool]
+
+    @property
+    def pool_name(self) -> str:
+        return self.pool.metadata.name
+
+
+class PlanLoop:
+    """The control loop of one AffinityPlan (run by a kopf daemon, one period at a time)."""
+
+    def __init__(
+        self,
+        api: ControlApi,
+        settings: ControlSettings,
+        *,
+        namespace: str,
+        name: str,
+        events: EventSink,
+        reader_factory: ReaderFactory = _default_reader,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.settings = settings
+        self.namespace = namespace
+        self.name = name
+        self.events = events
+        self.reader_factory = reader_factory
+        self.clock = clock
+        self.metrics = PlanMetrics(namespace, name)
+        self._last_at: float | None = None
+        self._last_generation: int | None = None
+
+    # --- scheduling --------------------------------------------------------------------------------
+
+    def seconds_until_due(self, body: Mapping[str, Any]) -> float:
+        """Seconds until the next period: one control period after the last one (as the status
+        records it, so a restarted operator keeps the rhythm); soon for a new spec generation."""
+        spec = body.get("spec") or {}
+        status = body.get("status") or {}
+        generation = (body.get("metadata") or {}).get("generation")
+        try:
+            period = max(parse_duration(str(spec.get("controlPeriod", "5m"))), MIN_PERIOD_S)
+        except ValueError:
+            period = 300.0
+        last = max(filter(None, (_parse_time(status.get("lastPeriodTime")), self._last_at)), default=None)
+        if last is None:
+            return 0.0
+        seen = self._last_generation if self._last_generation is not None else status.get("observedGeneration")
+        if generation is not None and seen != generation:
+            period = MIN_PERIOD_S
+        elif _waiting(status):
+            period = min(period, WAITING_RETRY_S)
+        return max(0.0, last + period - self.clock())
+
+    # --- one period ----------------------------------------------------------------------------------
+
+    async def run_period(
+        self, body: Mapping[str, Any], *, publish_allowed: Callable[[], bool] = lambda: True
+    ) -> PeriodResult:
+        """Run one period for the AffinityPlan `body`, then report it (status, Events, metrics)."""
+        started = time.perf_counter()
+        at = math.floor(self.clock())
+        generation = (body.get("metadata") or {}).get("generation")
+        self._last_at, self._last_generation = float(at), generation
+        try:
+            result = await self._period(body, at, publish_allowed)
+        except ApiError as exc:
+            result = PeriodResult("failed", at, [Finding(cond.DEGRADED, True, "ApiError", str(exc))])
+        except Exception as exc:  # a bug must not end the loop: report it, try again next period
+            log.exception("control period of AffinityPlan %s/%s failed", self.namespace, self.name)
+            message = f"{type(exc).__name__}: {exc}"
+            result = PeriodResult("failed", at, [Finding(cond.DEGRADED, True, "InternalError", message)])
+        t0 = time.perf_counter()
+        try:
+            await self._report(body, result, generation)
+        except ApiError as exc:
+            log.warning("AffinityPlan %s/%s: %s", self.namespace, self.name, exc)
+        result.seconds["status"] = time.perf_counter() - t0
+        self.metrics.step("status", result.seconds["status"])
+        self.metrics.period(time.perf_counter() - started, result.outcome)
+        if not result.degraded:
+            self.metrics.succeeded(self.clock())
+        return result
+
+    async def _timed(self, result: PeriodResult, step: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn` in a worker thread, its duration added to `step`."""
+        t0 = time.perf_counter()
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        finally:
+            elapsed = time.perf_counter() - t0
+            result.seconds[step] = result.seconds.get(step, 0.0) + elapsed
+            self.metrics.step(step, elapsed)
+
+    async def _timed_await(self, result: PeriodResult, step: str, work: Coroutine[Any, Any, T]) -> T:
+        t0 = time.perf_counter()
+        try:
+            return await work
+        finally:
+            elapsed = time.perf_counter() - t0
+            result.seconds[step] = result.seconds.get(step, 0.0) + elapsed
+            self.metrics.step(step, elapsed)
+
+    async def _period(self, body: Mapping[str, Any], at: int, publish_allowed: Callable[[], bool]) -> PeriodResult:
+        result = PeriodResult("kept", at)
+        try:
+            spec = AffinityPlanSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            return _not_planned(result, cond.INVALID_INPUT, f"spec: {exc.errors()[0]['msg']}")
+        pool_name = spec.pool_ref.name
+        pool_obj = await self._timed(result, "read", self.api.get_pool, self.namespace, pool_name)
+        if pool_obj is None:
+            return _not_planned(result, cond.POOL_NOT_FOUND, f"InferencePool {pool_name} does not exist")
+        try:
+            pool = InferencePool.model_validate(pool_obj)
+        except ValidationError as exc:
+            return _not_planned(result, cond.INVALID_INPUT, f"InferencePool {pool_name}: {exc.errors()[0]['msg']}")
+        current = await self._timed(result, "read", read_current, self.api, self.namespace, pool_name)
+        if current.error:
+            log.warning("AffinityPlan %s/%s: the plan ConfigMaps hold no valid plan (%s)",
+                        self.namespace, self.name, current.error)
+        result.status["planVersion"] = current.version if current.plan is not None else None
+        if current.plan is not None:
+            self.metrics.in_effect(pool_name, current.version, len(current.plan))
+        work = _Work(result, spec, pool, pool_obj, current, publish_allowed)
+        if spec.mode == "Manual":
+            return await self._manual(work)
+        return await self._computed(work)
+
+    # --- Manual ----------------------------------------------------------------------------------
+
+    async def _manual(self, w: _Work) -> PeriodResult:
+        """Exactly the pinned routes, on the pool's destinations whether ready or not."""
+        result = w.result
+        everyone = inputs.pool_destinations(w.pool, ready_only=False)
+        if not everyone:
+            return _not_planned(result, cond.POOL_NOT_READY, f"InferencePool {w.pool_name} lists no destination")
+        unknown = inputs.unknown_pinned_destination(w.spec, {d.id for d in everyone})
+        if unknown is not None:
+            message = f"a pinned route names {unknown}, which is not a destination of InferencePool {w.pool_name}"
+            return _not_planned(result, cond.INVALID_PINNED, message)
+        if w.spec.prometheus.url or self.settings.prometheus_url:
+            await self._observe(w, keys=False)  # for the observed KV hit only
+        t0 = time.perf_counter()
+        plan = manual_plan(
+            w.spec,
+            everyone,
+            pool=w.pool_name,
+            generated_at=iso(result.evaluated_at),
+            key_extraction=inputs.key_extraction(w.pool),
+            spill_threshold=w.pool.spec.router.spill_threshold,
+        )
+        result.seconds["plan"] = time.perf_counter() - t0
+        result.candidate = plan
+        result.add(Finding(cond.PLANNED, True, cond.PINNED_ROUTES, plan.summary.reason))
+        self.metrics.verdict("skipped")
+        figures: dict[str, Any] = dict.fromkeys(
+            ("coveredRequestShare", "churn", "forcedChurn", "predictedKvHit", "predictedP99TtftSeconds")
+        )
+        figures["admittedKeys"] = len(plan)
+        return await self._apply(w, plan, figures)
+
+    # --- Auto and Shadow ---------------------------------------------------------------------------
+
+    async def _observe(self, w: _Work, *, keys: bool) -> bool:
+        """Read the window into the result; False (with the MetricsAvailable finding) if unusable."""
+        result = w.result
+        url = w.spec.prometheus.url or self.settings.prometheus_url
+        if not url:
+            message = "no Prometheus: set spec.prometheus.url or the operator's --prometheus-url"
+            result.add(Finding(cond.METRICS_AVAILABLE, False, REASON_NOT_CONFIGURED, message))
+            return False
+        window_s = parse_duration(w.spec.metrics_window)
+        reader = self.reader_factory(url, parse_duration(w.spec.prometheus.timeout))
+        try:
+            series = PoolSeries(self.namespace, w.pool_name)
+            read = reader.read_window(series, window_s, at=result.evaluated_at, keys=keys)
+            window = result.window = await self._timed_await(result, "query", read)
+        except MetricsReadError as exc:
+            result.add(Finding(cond.METRICS_AVAILABLE, False, exc.reason, exc.message))
+            return False
+        finally:
+            reader.close()
+        result.status["observedKvHit"] = window.observed_kv_hit
+        if keys and not window.total_requests > 0:
+            message = f"no router requests of pool {w.pool_name} in the last {w.spec.metrics_window}"
+            result.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, message))
+            return False
+        message = (
+            f"{window.total_requests:,.0f} requests, {len(window.keys):,} tracked keys; "
+            f"{len(window.engines)} vLLM pods reporting"
+        )
+        result.add(Finding(cond.METRICS_AVAILABLE, True, cond.METRICS_READ, message))
+        return True
+
+    async def _computed(self, w: _Work) -> PeriodResult:
+        result = w.result
+        ready = inputs.pool_destinations(w.pool, ready_only=True)
+        if not ready:
+            return _not_planned(result, cond.POOL_NOT_READY, f"InferencePool {w.pool_name} has no ready destination")
+        if not await self._observe(w, keys=True):
+            why = result.finding(cond.METRICS_AVAILABLE)
+            assert why is not None
+            result.add(Finding(cond.PLANNED, False, cond.METRICS_UNAVAILABLE, why.message),
+                       Finding(cond.DEGRADED, True, why.reason, why.message))
+            return result
+        planned = await self._plan(w, ready)
+        if planned is None:
+            return result
+        plan_result, payload = planned
+        candidate = plan_result.plan
+        previous = w.current.plan
+        figures: dict[str, Any] = {
+            "admittedKeys": len(candidate),
+            "coveredRequestShare": _share(candidate.summary.admitted_request_share),
+            "churn": _share(plan_result.churn),
+            "forcedChurn": _share(plan_result.churn_forced),
+        }
+        if w.spec.mode == "Auto" and same_routing(candidate, previous):
+            self.metrics.verdict("skipped")
+            result.outcome = "unchanged"
+            result.status.update(figures, churn=0.0, forcedChurn=0.0)
+            result.add(_unchanged(w), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
+            return result
+        if w.spec.mode == "Auto" and not len(candidate) and previous is not None and len(previous):
+            self.metrics.verdict("skipped")
+            message = f"the candidate routes no key; plan {w.current.version} with {len(previous):,} routes stays"
+            result.add(Finding(cond.APPLIED, False, cond.EMPTY_PLAN, message),
+                       Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
+            return result
+        if w.spec.mode == "Auto" and same_routing(candidate, previous, addresses=False):
+            # Pods that came back on new addresses: the same routes, nothing to judge.
+            self.metrics.verdict("skipped")
+            figures.update(churn=0.0, forcedChurn=0.0)
+            return await self._apply(w, candidate, figures, payload)
+        if not await self._judge(w, candidate, ready, figures):
+            return result
+        if w.spec.mode == "Shadow":
+            result.outcome = "shadow"
+            result.status.update(figures)
+            passed = result.verdict is None or result.verdict.passed
+            judged = verdict_text(result.verdict)
+            would = "would apply" if passed else "would not apply"
+            message = f"mode Shadow: {would} candidate {payload.version} ({judged})"
+            result.add(Finding(cond.APPLIED, False, cond.SHADOW_MODE, message),
+                       Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
+            result.tell("Normal", SHADOW_PLANNED, message)
+            return result
+        return await self._apply(w, candidate, figures, payload)
+
+    async def _plan(self, w: _Work, ready: list[Destination]) -> tuple[PlanResult, PlanPayload] | None:
+        """The candidate and its payload; None (with findings) when there is none."""
+        result = w.result
+        assert result.window is not None
+        pins, pin_notes = inputs.pinned_routes(w.spec, ready)
+        prepared = inputs.key_stats(result.window, list(pins))
+        result.stats = prepared.stats
+        try:
+            plan_result = result.result = await self._timed(
+                result, "plan", compute_plan, prepared.stats, ready,
+                pool=w.pool_name,
+                budget=inputs.budget(w.spec),
+                stability=inputs.stability(w.spec),
+                previous=w.current.plan,
+                pinned=pins,
+                generated_at=iso(result.evaluated_at),
+                key_extraction=inputs.key_extraction(w.pool),
+                spill_threshold=w.pool.spec.router.spill_threshold,
+            )
+        except (PlanInputError, PlanError) as exc:
+            _not_planned(result, cond.INVALID_INPUT, str(exc))
+            return None
+        result.candidate = plan_result.plan
+        try:
+            payload = result.payload = await self._timed(result, "plan", encode_checked, plan_result.plan)
+        except PlanError as exc:
+            _not_planned(result, cond.INVALID_PLAN, str(exc))
+            return None
+        candidate = plan_result.plan
+        notes = [*pin_notes] + ([] if prepared.output_tokens_known else ["vLLM reported no generated tokens"])
+        message = (
+            f"candidate {payload.version}: {len(candidate):,} routes for {len(prepared.stats):,} keys, "
+            f"{pct(candidate.summary.admitted_request_share)} of requests, churn {pct(plan_result.churn)} "
+            f"(forced {pct(plan_result.churn_forced)}) on {len(ready)} ready destinations"
+        )
+        result.add(Finding(cond.PLANNED, True, cond.PLAN_COMPUTED, "; ".join([message, *notes])))
+        result.status["candidateVersion"] = payload.version
+        return plan_result, payload
+
+    async def _judge(self, w: _Work, candidate: Plan, ready: list[Destination], figures: dict[str, Any]) -> bool:
+        """Run the guard (when enabled) and record its figures; False when the candidate lost."""
+        result = w.result
+        assert result.stats is not None and result.payload is not None
+        if not w.spec.guard.enabled:
+            self.metrics.verdict("skipped")
+            figures.update(predictedKvHit=candidate.summary.predicted_kv_hit, predictedP99TtftSeconds=None)
+            return True
+        try:
+            verdict = result.verdict = await self._timed(
+                result, "guard", run_guard, result.stats, candidate, w.current.plan,
+                settings=inputs.guard_settings(w.spec),
+                duration_s=parse_duration(w.spec.guard.replay_duration),
+                kv_capacity_tokens=ready[0].kv_capacity_tokens,
+            )
+        except ValueError as exc:  # too little traffic to synthesise a replay
+            self.metrics.verdict("rejected")
+            return _rejected(w, f"could not be replayed ({exc})")
+        self.metrics.verdict("passed" if verdict.passed else "rejected")
+        figures["predictedKvHit"] = _share(verdict.candidate.kv_hit)
+        p99 = verdict.candidate.ttft_p99_s
+        figures["predictedP99TtftSeconds"] = p99 if math.isfinite(p99) else None
+        if verdict.passed or w.spec.mode == "Shadow":
+            return True
+        return _rejected(w, f"lost in the guard: {verdict.reason}")
+
+    # --- applying ----------------------------------------------------------------------------------
+
+    async def _apply(
+        self, w: _Work, plan: Plan, figures: Mapping[str, Any], payload: PlanPayload | None = None
+    ) -> PeriodResult:
+        result = w.result
+        if same_routing(plan, w.current.plan):
+            result.outcome = "unchanged"
+            result.status.update(figures)
+            result.add(_unchanged(w), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
+            return result
+        try:
+            if payload is None:
+                payload = result.payload = await self._timed(result, "plan", encode_checked, plan)
+        except PlanError as exc:
+            return _not_planned(result, cond.INVALID_PLAN, str(exc))
+        result.status["candidateVersion"] = payload.version
+        owner = await asyncio.to_thread(self._other_writer, w)
+        if owner is not None:
+            message = f"the plan of pool {w.pool_name} is published by AffinityPlan {owner}; this one is not applied"
+            result.add(Finding(cond.APPLIED, False, cond.POOL_CLAIMED, message),
+                       Finding(cond.DEGRADED, True, cond.POOL_CLAIMED, message))
+            result.tell("Warning", cond.POOL_CLAIMED, message)
+            return result
+        if not w.publish_allowed():
+            result.add(Finding(cond.APPLIED, False, "Stopping", "the AffinityPlan is being deleted"))
+            return result
+        try:
+            await self._timed(result, "publish", publish, self.api, w.pool_obj, payload, writer=self.name)
+        except (ApiError, PlanError) as exc:
+            result.outcome = "failed"
+            message = f"plan {payload.version} could not be published: {exc}"
+            result.add(Finding(cond.APPLIED, False, cond.PUBLISH_FAILED, message),
+                       Finding(cond.DEGRADED, True, cond.PUBLISH_FAILED, message))
+            result.tell("Warning", cond.PUBLISH_FAILED, message)
+            return result
+        result.outcome = "applied"
+        result.status.update(figures, planVersion=payload.version, appliedAt=iso(self.clock()))
+        self.metrics.in_effect(w.pool_name, payload.version, len(plan))
+        parts = [f"plan {payload.version} applied ({w.spec.mode}): {len(plan):,} routes"]
+        if figures.get("coveredRequestShare") is not None:
+            parts.append(f"{pct(figures['coveredRequestShare'])} of requests")
+        if figures.get("churn") is not None:
+            parts.append(f"churn {pct(figures['churn'])} (forced {pct(figures.get('forcedChurn'))})")
+        message = ", ".join(parts) + f"; {verdict_text(result.verdict)}; {seconds_text(result.seconds)}"
+        result.add(
+            Finding(cond.APPLIED, True, cond.PLAN_APPLIED, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED)
+        )
+        result.tell("Normal", cond.PLAN_APPLIED, message)
+        return result
+
+    def _other_writer(self, w: _Work) -> str | None:
+        """Another AffinityPlan that publishes this pool's plan (Auto or Manual), if any: the first
+        to publish keeps the pool until it is deleted, moved to Shadow or to another pool."""
+        writer = w.current.writer
+        if not writer or writer == self.name:
+            return None
+        other = self.api.get_plan(self.namespace, writer)
+        spec = (other or {}).get("spec") or {}
+        claims = spec.get("mode", "Auto") != "Shadow" and (spec.get("poolRef") or {}).get("name") == w.pool_name
+        return writer if other is not None and claims else None
+
+    # --- reporting ---------------------------------------------------------------------------------
+
+    async def _report(self, body: Mapping[str, Any], result: PeriodResult, generation: int | None) -> None:
+        old_status = body.get("status") or {}
+        mode = str((body.get("spec") or {}).get("mode", "Auto"))
+        to_post = events_to_post(old_status, result)
+        result.status = new_status(old_status, result, mode=mode, generation=generation, now=self.clock())
+        await asyncio.to_thread(self.api.patch_plan_status, self.namespace, self.name, result.status)
+        for event in to_post:
+            self.events(event.kind, event.reason, event.message)
+
+    def forget(self) -> None:
+        """Drop this AffinityPlan's metric series (it is gone, or this operator stops)."""
+        self.metrics.forget()
+
+
+def _share(x: float) -> float:
+    return min(max(float(x), 0.0), 1.0)
+
+
+def _unchanged(w: _Work) -> Finding:
+    return Finding(cond.APPLIED, True, cond.UNCHANGED, f"plan {w.current.version} already routes this way")
+
+
+def _rejected(w: _Work, reason: str) -> bool:
+    """Record a candidate the guard turned down (the plan in effect stays); returns False."""
+    result = w.result
+    assert result.payload is not None
+    result.outcome = "rejected"
+    stays = f"plan {w.current.version} stays" if w.current.plan is not None else "no plan is in effect"
+    message = f"candidate {result.payload.version} {reason}; {stays}"
+    result.add(
+        Finding(cond.APPLIED, False, cond.GUARD_REJECTED, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED)
+    )
+    result.tell("Warning", cond.GUARD_REJECTED, message)
+    return False
+
+
+def _waiting(status: Mapping[str, Any]) -> bool:
+    """The last period found its pool not ready yet or no traffic to plan from."""
+    conditions = status.get("conditions") or []
+    return any(
+        isinstance(c, Mapping) and c.get("status") == "False" and c.get("reason") in WAITING_REASONS
+        for c in conditions
+    )
+
+
+def _not_planned(result: PeriodResult, reason: str, message: str) -> PeriodResult:
+    result.add(Finding(cond.PLANNED, False, reason, message), Finding(cond.DEGRADED, True, reason, message))
+    result.tell("Warning", reason, message)
+    return result

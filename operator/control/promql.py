@@ -1,0 +1,125 @@
+"""The PromQL the control loop asks: one pool's router and vLLM series over one window.
+
+Series are selected by the labels the cluster's Prometheus keeps for pods (`namespace`, `pod`):
+router pods are `<pool>-router-<replicaset>-<id>` (the pool's router Deployment), vLLM pods
+`<pool>-<ordinal>` (its StatefulSet). A key is the same hash on every router replica, so per-key
+counters are summed over replicas; `increase` copes with router restarts (counter resets).
+
+vLLM renamed its prefix-cache and KV-usage metrics (`vllm:gpu_prefix_cache_*` became
+`vllm:prefix_cache_*`, `vllm:gpu_cache_usage_perc` became `vllm:kv_cache_usage_perc`) and exports
+both names during the deprecation: each query takes the current name and falls back to the
+legacy one per pod (`or`), so a pod is never counted twice; the `vllm_` spellings come last.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ROUTER_PREFIX = "cacheroute_router"
+KEY_REQUESTS = f"{ROUTER_PREFIX}_key_requests_total"
+KEY_PROMPT_TOKENS = f"{ROUTER_PREFIX}_key_prompt_tokens_total"
+KEY_PREFIX_TOKENS = f"{ROUTER_PREFIX}_key_prefix_tokens_total"
+# Label values of the router's per-key series that are not keys (router/metrics.py).
+OTHER_KEY = "__other__"
+NO_KEY = "__none__"
+
+
+
+def _spellings(*names: str) -> tuple[str, ...]:
+    """Each name, then the same names with `vllm_` for `vllm:`: prometheus_client's OpenMetrics
+    output (which Prometheus asks for first) rewrites the colon in sample names to `_`."""
+    return (*names, *(n.replace("vllm:", "vllm_", 1) for n in names))
+
+
+# vLLM metric names: current first, then the names older releases export.
+PREFIX_CACHE_HITS = _spellings("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+PREFIX_CACHE_QUERIES = _spellings("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+KV_CACHE_USAGE = _spellings("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+REQUESTS_WAITING = _spellings("vllm:num_requests_waiting")
+REQUESTS_RUNNING = _spellings("vllm:num_requests_running")
+GENERATION_TOKENS = _spellings("vllm:generation_tokens_total")
+
+# Kubernetes object names (DNS subdomains): nothing in them needs quoting in PromQL but the dot.
+_OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _pod_regex(prefix: str, suffix: str) -> str:
+    """A PromQL regex (as a string literal) matching `prefix` literally, then `suffix`."""
+    return '"' + prefix.replace(".", "\\\\.") + suffix + '"'
+
+
+def range_of(seconds: float) -> str:
+    """A PromQL range of whole seconds (at least one)."""
+    return f"{max(1, round(seconds))}s"
+
+
+@dataclass(frozen=True)
+class PoolSeries:
+    """Label matchers of one pool's series."""
+
+    namespace: str
+    pool: str
+
+    def __post_init__(self) -> None:
+        for what, value in (("namespace", self.namespace), ("pool", self.pool)):
+            if not _OBJECT_NAME.match(value):
+                raise ValueError(f"{what} {value!r} is not a Kubernetes object name")
+
+    @property
+    def router(self) -> str:
+        return f'namespace="{self.namespace}",pod=~{_pod_regex(self.pool, "-router-[a-z0-9]+-[a-z0-9]+")}'
+
+    @property
+    def engines(self) -> str:
+        return f'namespace="{self.namespace}",pod=~{_pod_regex(self.pool, "-[0-9]+")}'
+
+
+def _first_of(names: tuple[str, ...], template: str) -> str:
+    """`template` (with `{name}`) for each name, joined by `or`: the first name present wins per series."""
+    return " or ".join(template.format(name=n) for n in names)
+
+
+def key_counter(series: PoolSeries, metric: str, window: str) -> str:
+    """Per key label: the counter's increase over the window, summed over router replicas."""
+    return f"sum by (key) (increase({metric}{{{series.router}}}[{window}]))"
+
+
+def engine_counter(series: PoolSeries, names: tuple[str, ...], window: str) -> str:
+    """Per vLLM pod: a counter's increase over the window (current name, else legacy)."""
+    return _first_of(names, f"sum by (pod) (increase({{name}}{{{{{series.engines}}}}}[{window}]))")
+
+
+def engine_gauge_mean(series: PoolSeries, names: tuple[str, ...], window: str) -> str:
+    """Per vLLM pod: a gauge's mean over the window (current name, else legacy)."""
+    return _first_of(names, f"max by (pod) (avg_over_time({{name}}{{{{{series.engines}}}}}[{window}]))")
+
+
+@dataclass(frozen=True)
+class WindowQueries:
+    """Every query of one control period, by what it measures."""
+
+    key_requests: str
+    key_prompt_tokens: str
+    key_prefix_tokens: str
+    generation_tokens: str
+    prefix_cache_hits: str
+    prefix_cache_queries: str
+    waiting: str
+    running: str
+    kv_usage: str
+
+
+def window_queries(series: PoolSeries, window_s: float) -> WindowQueries:
+    w = range_of(window_s)
+    return WindowQueries(
+        key_requests=key_counter(series, KEY_REQUESTS, w),
+        key_prompt_tokens=key_counter(series, KEY_PROMPT_TOKENS, w),
+        key_prefix_tokens=key_counter(series, KEY_PREFIX_TOKENS, w),
+        generation_tokens=engine_counter(series, GENERATION_TOKENS, w),
+        prefix_cache_hits=engine_counter(series, PREFIX_CACHE_HITS, w),
+        prefix_cache_queries=engine_counter(series, PREFIX_CACHE_QUERIES, w),
+        waiting=engine_gauge_mean(series, REQUESTS_WAITING, w),
+        running=engine_gauge_mean(series, REQUESTS_RUNNING, w),
+        kv_usage=engine_gauge_mean(series, KV_CACHE_USAGE, w),
+    )

@@ -1,0 +1,72 @@
+"""From a period's record to the AffinityPlan's status and Events.
+
+Status fields the period did not touch stay as they are (the status is merge-patched); `null`
+clears a figure that no longer applies. Events tell what changed: a plan applied, a new
+candidate judged (Shadow, rejected), a failure that starts (not every period it lasts), and
+MetricsAvailable turning either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from cacheroute.operator.control import conditions as cond
+from cacheroute.operator.control.conditions import Finding
+from cacheroute.operator.control.period import Event, PeriodResult
+
+SHADOW_PLANNED = "ShadowPlanned"
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ready_finding(mode: str, result: PeriodResult, plan_version: str | None) -> Finding:
+    if mode == "Shadow":
+        planned = result.finding(cond.PLANNED)
+        if planned is not None and planned.status:
+            return Finding(cond.READY, True, cond.REPORTING, "the last period reported a candidate")
+        if planned is not None:
+            return Finding(cond.READY, False, planned.reason, planned.message)
+        return Finding(cond.READY, False, cond.NO_PLAN, "no period has reported yet")
+    if plan_version:
+        return Finding(cond.READY, True, cond.PLAN_IN_EFFECT, f"plan {plan_version} is in effect")
+    return Finding(cond.READY, False, cond.NO_PLAN, "no plan has been published yet")
+
+
+def new_status(
+    old_status: Mapping[str, Any], result: PeriodResult, *, mode: str, generation: int | None, now: float
+) -> dict[str, Any]:
+    """The status patch after `result`."""
+    version = result.status.get("planVersion", old_status.get("planVersion"))
+    findings = [*result.findings, ready_finding(mode, result, version)]
+    status = dict(result.status)
+    status["conditions"] = cond.merge(
+        list(old_status.get("conditions") or []), findings, generation=generation,
+        now=datetime.fromtimestamp(now, UTC),
+    )
+    status["lastPeriodTime"] = iso(result.evaluated_at)
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def events_to_post(old_status: Mapping[str, Any], result: PeriodResult) -> list[Event]:
+    """The period's Events less repeats, plus MetricsAvailable transitions."""
+    old_conditions = list(old_status.get("conditions") or [])
+    same_candidate = result.status.get("candidateVersion") == old_status.get("candidateVersion")
+    degraded = cond.current(old_conditions, cond.DEGRADED)
+    failing_for = degraded.get("reason") if degraded is not None and degraded.get("status") == "True" else None
+    out: list[Event] = []
+    metrics = result.finding(cond.METRICS_AVAILABLE)
+    if metrics is not None and cond.is_true(old_conditions, cond.METRICS_AVAILABLE) is not metrics.status:
+        out.append(Event("Normal" if metrics.status else "Warning", metrics.reason, metrics.message))
+    for event in result.events:
+        if event.reason in (SHADOW_PLANNED, cond.GUARD_REJECTED) and same_candidate:
+            continue
+        if event.kind == "Warning" and event.reason == failing_for:
+            continue
+        out.append(event)
+    return out

@@ -1,0 +1,71 @@
+"""kopf handlers of AffinityPlans: one daemon per AffinityPlan runs its control loop.
+
+A daemon (not a timer) because the period is per object (`spec.controlPeriod`, changeable) and
+the rhythm must survive a restart (the next period is due one period after
+`status.lastPeriodTime`). kopf runs one daemon per object, so periods of one AffinityPlan never
+overlap; it stops the daemon when the object is deleted (the finalizer it holds goes once the
+daemon has stopped). The loop itself is `cacheroute.operator.control.loop`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import kopf
+
+from cacheroute.operator import context
+from cacheroute.operator.api.common import GROUP, VERSION
+from cacheroute.operator.control.kube import PLAN_PLURAL, ControlApi, default_api_client
+from cacheroute.operator.control.loop import PlanLoop
+from cacheroute.operator.control.settings import ControlSettings
+
+# The daemon wakes at least this often between periods, to notice spec changes.
+_WAKE_S = 1.0
+
+
+class _Setup:
+    """Built on first use: kopf imports this module before the operator has logged in."""
+
+    settings: ControlSettings | None = None
+    api: ControlApi | None = None
+
+
+def _settings() -> ControlSettings:
+    if _Setup.settings is None:
+        try:
+            # `cacheroute operator run` sets the context (its --prometheus-url) before importing us.
+            _Setup.settings = ControlSettings(prometheus_url=context.current().prometheus_url)
+        except RuntimeError:  # run by `kopf run` directly: the environment
+            _Setup.settings = ControlSettings.from_env()
+    return _Setup.settings
+
+
+def _api() -> ControlApi:
+    if _Setup.api is None:
+        _Setup.api = ControlApi(default_api_client())
+    return _Setup.api
+
+
+def _events(body: kopf.Body) -> Any:
+    def post(kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        # kopf.event, not kopf.info/warn: those obey the logging level set for kopf's own Events.
+        # Messages are cut to 1,000 characters; the condition holds the full text.
+        kopf.event(body, type=kind, reason=reason, message=message[:1000])
+
+    return post
+
+
+@kopf.daemon(GROUP, VERSION, PLAN_PLURAL, id="control-loop", cancellation_timeout=60.0)
+async def control_loop(
+    stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> None:
+    loop = PlanLoop(_api(), _settings(), namespace=namespace or "", name=name, events=_events(body))
+    try:
+        while not stopped:
+            wait = loop.seconds_until_due(body)
+            if wait > 0:
+                await stopped.wait(min(wait, _WAKE_S))
+                continue
+            await loop.run_period(body, publish_allowed=lambda: not stopped)
+    finally:
+        loop.forget()

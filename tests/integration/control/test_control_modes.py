@@ -1,0 +1,107 @@
+"""Shadow plans and reports without touching the plan ConfigMap; Manual publishes exactly the
+pinned routes, keys hashed."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from cacheroute.planner.plan import affinity_key_hash
+from tests.support.control import (
+    ControlEnv,
+    condition,
+    create_plan,
+    events,
+    get_plan,
+    plan_files,
+    plan_manifest,
+    published_plan,
+    wait_for_period_after,
+    wait_for_window,
+    zipf_traffic,
+)
+from tests.support.sandbox import wait_for
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 10
+
+
+def test_shadow_fills_status_and_never_writes_the_configmap(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    env.fleet("qwen").set_traffic(traffic)
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool("qwen")
+    # The pool's reconciler creates the plan ConfigMap with an empty plan.
+    core = client.CoreV1Api(kube_api)
+    wait_for(lambda: bool(core.read_namespaced_config_map("qwen-plan", namespace)), timeout=60,
+             what="the pool's empty plan")
+    before = core.read_namespaced_config_map("qwen-plan", namespace).metadata.resource_version
+    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    create_plan(kube_api, namespace, plan_manifest("qwen", "qwen", mode="Shadow", controlPeriod="2s",
+                                                    metricsWindow=f"{WINDOW}s"))
+
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "qwen"), "Applied").get("reason") == "ShadowMode",
+             timeout=90, what="a Shadow period")
+    first = get_plan(kube_api, namespace, "qwen")
+    # Two more periods: still reporting, still nothing written.
+    later = wait_for_period_after(kube_api, namespace, "qwen", first["status"]["lastPeriodTime"])
+    later = wait_for_period_after(kube_api, namespace, "qwen", later["status"]["lastPeriodTime"])
+    status = later["status"]
+    assert core.read_namespaced_config_map("qwen-plan", namespace).metadata.resource_version == before
+    names = [cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items]
+    assert [n for n in names if n.startswith("qwen-plan")] == ["qwen-plan"]
+    empty = published_plan(kube_api, namespace, "qwen")
+    assert empty is not None and len(empty) == 0
+    assert status["planVersion"] != status["candidateVersion"]
+    assert len(status["candidateVersion"]) == 16
+    assert status["admittedKeys"] > 0
+    assert 0 < status["coveredRequestShare"] <= 1
+    assert 0 <= status["predictedKvHit"] <= 1 and status["predictedP99TtftSeconds"] > 0
+    assert status["observedKvHit"] == pytest.approx(traffic.kv_hit, abs=0.05)
+    applied = condition(later, "Applied")
+    assert applied["status"] == "False" and "would apply" in applied["message"]
+    assert condition(later, "Ready")["reason"] == "ShadowReporting"
+    assert condition(later, "Planned")["status"] == "True"
+    assert events(kube_api, namespace, "ShadowPlanned")
+
+
+def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool("llama")
+    pins = {"tenant-a/system-prompt": ("llama-1",), "tenant-b": ("llama-0", "llama-1")}
+    pinned = [{"key": k, "destinations": list(v)} for k, v in pins.items()]
+    create_plan(kube_api, namespace, plan_manifest("pins", "llama", mode="Manual", controlPeriod="2s", pinned=pinned))
+
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Applied").get("status") == "True",
+             timeout=90, what="Applied=True")
+    obj = get_plan(kube_api, namespace, "pins")
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None
+    assert plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
+    assert obj["status"]["planVersion"] == obj["status"]["candidateVersion"]
+    assert obj["status"]["admittedKeys"] == 2
+    assert condition(obj, "Planned")["reason"] == "PinnedRoutes"
+    blob = b"".join(plan_files(kube_api, namespace, "llama").values())
+    assert b"tenant-a" not in blob and b"tenant-b" not in blob
+
+    # A second AffinityPlan on the same pool does not take it over.
+    create_plan(kube_api, namespace, plan_manifest("intruder", "llama", mode="Manual", controlPeriod="1h",
+                                                    pinned=[{"key": "tenant-z", "destinations": ["llama-0"]}]))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "intruder"), "Applied").get("reason") == "PoolClaimed",
+             timeout=60, what="Applied=False PoolClaimed")
+    assert get_plan(kube_api, namespace, "intruder")["status"].get("planVersion") == obj["status"]["planVersion"]
+
+    # A pinned route naming a destination the pool does not have is refused; the plan stays.
+    version = obj["status"]["planVersion"]
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "pins",
+        {"spec": {"pinned": [{"key": "tenant-c", "destinations": ["llama-7"]}]}},
+    )
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Planned").get("reason") == "InvalidPinned",
+             timeout=60, what="Planned=False InvalidPinned")
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None and plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
+    assert get_plan(kube_api, namespace, "pins")["status"]["planVersion"] == version

@@ -1,0 +1,110 @@
+"""Prometheus hung or stopped: the plan in effect stays and MetricsAvailable flips within one
+period; Prometheus back: the next period plans again. A Prometheus of the test's own, so the
+shared sandbox one keeps running."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.support.control import (
+    ControlEnv,
+    DedicatedPrometheus,
+    condition,
+    create_plan,
+    get_plan,
+    plan_manifest,
+    published_plan,
+    wait_for_window,
+    zipf_traffic,
+)
+from tests.support.sandbox import wait_for
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 10
+PERIOD = 2
+
+
+@pytest.fixture
+def own_prometheus() -> Iterator[list[DedicatedPrometheus]]:
+    started: list[DedicatedPrometheus] = []
+    yield started
+    for prom in started:
+        prom.stop()
+
+
+def _epoch(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
+
+
+def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
+    env: ControlEnv, own_prometheus: list[DedicatedPrometheus]
+) -> None:
+    kube_api, namespace = env.api, env.namespace
+    traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    fleet = env.fleet("llama")
+    fleet.set_traffic(traffic)
+    prom = DedicatedPrometheus(env.tmp_path / "prometheus", fleet.jobs())
+    own_prometheus.append(prom)
+    prom.start()
+    env.operator()  # no default Prometheus: the AffinityPlan names its own
+    env.pool("llama")
+    wait_for_window(prom.url, namespace, len(traffic.keys) + 2, WINDOW)
+    create_plan(kube_api, namespace, plan_manifest(
+        "llama", "llama", controlPeriod=f"{PERIOD}s", metricsWindow=f"{WINDOW}s",
+        prometheus={"url": prom.url, "timeout": "1s"},
+    ))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
+             timeout=90, what="a first plan applied")
+    version = get_plan(kube_api, namespace, "llama")["status"]["planVersion"]
+    routes = published_plan(kube_api, namespace, "llama").routes()  # type: ignore[union-attr]
+
+    def metrics_condition(status: str, reason: str, since: float) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+
+        def flipped() -> bool:
+            obj = get_plan(kube_api, namespace, "llama")
+            c = condition(obj, "MetricsAvailable")
+            last = _epoch(obj["status"]["lastPeriodTime"])
+            if (c.get("status"), c.get("reason")) == (status, reason) and last >= since:
+                found.update(obj)
+                return True
+            return False
+
+        wait_for(flipped, timeout=60, what=f"MetricsAvailable={status} ({reason})", interval=0.2)
+        return found
+
+    def assert_plan_stayed(obj: dict[str, Any]) -> None:
+        assert obj["status"]["planVersion"] == version
+        assert published_plan(kube_api, namespace, "llama").routes() == routes  # type: ignore[union-attr]
+        assert condition(obj, "Degraded")["status"] == "True"
+        assert condition(obj, "Ready")["status"] == "True"
+        assert condition(obj, "Planned")["reason"] == "MetricsUnavailable"
+
+    # Hung: connections accepted, never answered; each period gives up after spec.prometheus.timeout.
+    paused = time.time()
+    prom.pause()
+    obj = metrics_condition("False", "PrometheusTimeout", paused)
+    # The first period that started after the pause noticed it.
+    assert _epoch(obj["status"]["lastPeriodTime"]) <= paused + PERIOD + 2
+    assert_plan_stayed(obj)
+
+    # Stopped: connection refused.
+    prom.stop()
+    stopped = time.time()
+    obj = metrics_condition("False", "PrometheusUnreachable", stopped)
+    assert _epoch(obj["status"]["lastPeriodTime"]) <= stopped + PERIOD + 2
+    assert_plan_stayed(obj)
+
+    # Back: the next period reads the window and plans again.
+    prom.start()
+    back = time.time()
+    obj = metrics_condition("True", "MetricsRead", back)
+    assert condition(obj, "Planned")["status"] == "True"
+    assert condition(obj, "Applied")["status"] == "True"
+    assert condition(obj, "Degraded")["status"] == "False"

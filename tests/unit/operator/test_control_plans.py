@@ -1,0 +1,135 @@
+"""Manual plans, routing equality, payload checks, the guard's view of the plan in effect, and
+when the next period is due."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from cacheroute.operator.api.plan import AffinityPlanSpec
+from cacheroute.operator.control.guard import restrict_plan
+from cacheroute.operator.control.loop import PlanLoop, encode_checked
+from cacheroute.operator.control.metrics import PLAN_INFO, PlanMetrics
+from cacheroute.operator.control.plans import check_payload, manual_plan, same_routing
+from cacheroute.operator.control.settings import ControlSettings
+from cacheroute.planner.plan import Destination, KeyExtraction, Plan, PlanError, affinity_key_hash, plan_from_routes
+from cacheroute.planner.plan_format import encode_plan
+
+DESTS = [Destination(f"p-{i}", f"10.0.0.{i}:8000", 1.0, 1000) for i in range(3)]
+
+
+def plan(routes: dict[int, list[str]], **kwargs: Any) -> Plan:
+    return plan_from_routes("p", DESTS, routes, **kwargs)
+
+
+def test_manual_plan_is_exactly_the_pinned_routes_hashed() -> None:
+    spec = AffinityPlanSpec.model_validate({
+        "poolRef": {"name": "p"}, "mode": "Manual",
+        "pinned": [{"key": "acme", "destinations": ["p-2", "p-0"]}, {"key": "globex", "destinations": ["p-1"]}],
+    })
+    p = manual_plan(spec, DESTS, pool="p", generated_at="t", key_extraction=KeyExtraction(), spill_threshold=2.0)
+    assert p.routes() == {affinity_key_hash("acme"): ("p-2", "p-0"), affinity_key_hash("globex"): ("p-1",)}
+    assert p.spill_threshold == 2.0 and p.summary.admitted_keys == 2
+    payload = encode_plan(p)
+    assert all(b"acme" not in data for data in payload.files.values())
+
+
+def test_same_routing_ignores_summaries_and_destination_order() -> None:
+    a = plan({1: ["p-0"], 2: ["p-1", "p-2"]}, generated_at="a")
+    b = plan_from_routes("p", DESTS[::-1], {1: ["p-0"], 2: ["p-1", "p-2"]}, generated_at="b")
+    assert same_routing(a, b)
+    assert not same_routing(a, plan({1: ["p-0"], 2: ["p-2", "p-1"]}))
+    assert not same_routing(a, plan({1: ["p-0"], 2: ["p-1", "p-2"]}, spill_threshold=3.0))
+    moved = [Destination("p-0", "10.9.9.9:8000"), *DESTS[1:]]
+    assert not same_routing(a, plan_from_routes("p", moved, {1: ["p-0"], 2: ["p-1", "p-2"]}))
+    assert same_routing(a, plan_from_routes("p", moved, {1: ["p-0"], 2: ["p-1", "p-2"]}), addresses=False)
+    assert same_routing(None, None) and not same_routing(a, None)
+
+
+def test_a_payload_that_does_not_decode_to_its_plan_is_refused() -> None:
+    a, b = plan({1: ["p-0"]}), plan({1: ["p-1"]})
+    check_payload(a, encode_plan(a))
+    with pytest.raises(PlanError, match="does not decode back"):
+        check_payload(a, encode_plan(b))
+    assert encode_checked(a).version == encode_plan(a).version
+
+
+def test_the_plan_in_effect_loses_only_the_destinations_that_left() -> None:
+    p = plan({1: ["p-0"], 2: ["p-1", "p-2"], 3: ["p-2"]})
+    kept = restrict_plan(p, ("p-0", "p-1"))
+    assert kept.routes() == {1: ("p-0",), 2: ("p-1",)}
+    assert restrict_plan(p, ("p-0", "p-1", "p-2")) is p
+    assert len(restrict_plan(p, ())) == 0
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def body(last: str | None, generation: int = 1, observed: int | None = 1, period: str = "30s") -> dict[str, Any]:
+    status: dict[str, Any] = {"observedGeneration": observed} if observed is not None else {}
+    if last:
+        status["lastPeriodTime"] = last
+    return {"metadata": {"generation": generation}, "spec": {"controlPeriod": period}, "status": status}
+
+
+def loop(clock: Clock) -> PlanLoop:
+    return PlanLoop(object(), ControlSettings(), namespace="n", name="x", events=lambda *a: None,  # type: ignore[arg-type]
+                    clock=clock)
+
+
+def test_a_period_is_due_one_control_period_after_the_last_one_recorded() -> None:
+    t = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    clock = Clock(t + 10)
+    lp = loop(clock)
+    assert lp.seconds_until_due(body(None)) == 0
+    # A restarted operator keeps the rhythm the status records.
+    assert lp.seconds_until_due(body("2026-01-01T00:00:00Z")) == pytest.approx(20)
+    clock.now = t + 31
+    assert lp.seconds_until_due(body("2026-01-01T00:00:00Z")) == 0
+    # A new generation of the spec is planned at once (one second after the last period at most).
+    assert lp.seconds_until_due(body("2026-01-01T00:00:00Z", generation=2, period="1h")) == 0
+
+
+def test_a_plan_waiting_for_its_pool_or_for_traffic_is_retried_soon() -> None:
+    t = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    lp = loop(Clock(t + 20))
+    for reason in ("PoolNotReady", "PoolNotFound", "NoTraffic"):
+        waiting = body("2026-01-01T00:00:00Z", period="5m")
+        waiting["status"]["conditions"] = [{"type": "Planned", "status": "False", "reason": reason}]
+        # Retried 15 s after the last period, not 5 minutes later.
+        assert lp.seconds_until_due(waiting) == 0, reason
+    planned = body("2026-01-01T00:00:00Z", period="5m")
+    planned["status"]["conditions"] = [{"type": "Planned", "status": "True", "reason": "PlanComputed"}]
+    assert lp.seconds_until_due(planned) == pytest.approx(280)
+
+
+def test_metric_series_of_a_deleted_plan_go_away() -> None:
+    m = PlanMetrics("ns-metrics", "gone")
+    m.in_effect("p", "v1", 10)
+    m.in_effect("p", "v2", 12)
+    m.step("plan", 0.5)
+    samples = {(s.labels.get("affinityplan"), s.labels.get("version")) for s in next(iter(PLAN_INFO.collect())).samples}
+    assert ("gone", "v2") in samples and ("gone", "v1") not in samples
+    m.forget()
+    assert all(s.labels.get("affinityplan") != "gone" for s in next(iter(PLAN_INFO.collect())).samples)
+
+
+def test_a_plan_needing_more_configmaps_than_routers_mount_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cacheroute.operator.control.loop as loop_module
+
+    monkeypatch.setattr(loop_module, "MAX_PLAN_SHARDS", 0)
+    with pytest.raises(PlanError, match="routers mount at most 0"):
+        encode_checked(plan({1: ["p-0"]}))
+
+
+def test_a_plan_a_router_would_refuse_is_refused_before_encoding() -> None:
+    twins = [Destination("p-0", "10.0.0.1:8000"), Destination("p-1", "10.0.0.1:8000")]
+    with pytest.raises(PlanError, match=re.escape("address 10.0.0.1:8000 is also p-0's")):
+        encode_checked(plan_from_routes("p", twins, {1: ["p-0"]}))

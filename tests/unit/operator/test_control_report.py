@@ -1,0 +1,77 @@
+"""Conditions, status and Events after a period."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from cacheroute.operator.control import conditions as cond
+from cacheroute.operator.control.conditions import Finding
+from cacheroute.operator.control.period import PeriodResult
+from cacheroute.operator.control.report import events_to_post, new_status
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+T1 = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+
+
+def test_transition_time_moves_only_when_the_status_changes() -> None:
+    first = cond.merge([], [Finding(cond.METRICS_AVAILABLE, True, "MetricsRead", "ok")], generation=3, now=T0)
+    same = cond.merge(first, [Finding(cond.METRICS_AVAILABLE, True, "MetricsRead", "still ok")], generation=4, now=T1)
+    flipped = cond.merge(same, [Finding(cond.METRICS_AVAILABLE, False, "PrometheusTimeout", "slow")], generation=4,
+                         now=T1)
+    assert same[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert same[0]["message"] == "still ok" and same[0]["observedGeneration"] == 4
+    assert flipped[0]["lastTransitionTime"] == "2026-01-01T00:05:00Z"
+    assert (flipped[0]["status"], flipped[0]["reason"]) == ("False", "PrometheusTimeout")
+
+
+def test_conditions_not_found_this_period_stay_and_ready_comes_first() -> None:
+    old = cond.merge([], [Finding(cond.APPLIED, True, "PlanApplied")], generation=1, now=T0)
+    merged = cond.merge(old, [Finding(cond.DEGRADED, True, "PoolNotReady"), Finding(cond.READY, True, "PlanInEffect")],
+                        generation=1, now=T1)
+    assert [c["type"] for c in merged] == ["Ready", "Applied", "Degraded"]
+    assert merged[1]["reason"] == "PlanApplied"
+
+
+def test_auto_is_ready_while_a_plan_is_in_effect_even_when_degraded() -> None:
+    result = PeriodResult("kept", 1_767_225_600, [Finding(cond.DEGRADED, True, "PrometheusUnreachable", "down")])
+    status = new_status({"planVersion": "abc"}, result, mode="Auto", generation=2, now=1_767_225_601)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "PlanInEffect")
+    assert status["lastPeriodTime"] == "2026-01-01T00:00:00Z" and status["observedGeneration"] == 2
+    none = new_status({}, result, mode="Manual", generation=2, now=1_767_225_601)
+    assert next(c for c in none["conditions"] if c["type"] == "Ready")["reason"] == "NoPlan"
+
+
+def test_shadow_is_ready_when_it_reported_a_candidate() -> None:
+    result = PeriodResult("shadow", 1, [Finding(cond.PLANNED, True, "PlanComputed")])
+    status = new_status({}, result, mode="Shadow", generation=None, now=2)
+    assert next(c for c in status["conditions"] if c["type"] == "Ready")["reason"] == "ShadowReporting"
+    failed = PeriodResult("kept", 1, [Finding(cond.PLANNED, False, "PoolNotReady", "none ready")])
+    status = new_status({}, failed, mode="Shadow", generation=None, now=2)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PoolNotReady")
+
+
+def test_events_skip_repeats_of_a_failure_and_of_a_judged_candidate() -> None:
+    old = {
+        "candidateVersion": "v2",
+        "conditions": cond.merge([], [Finding(cond.DEGRADED, True, "PoolNotReady"),
+                                      Finding(cond.METRICS_AVAILABLE, True, "MetricsRead")], generation=1, now=T0),
+    }
+    again = PeriodResult("kept", 1)
+    again.tell("Warning", "PoolNotReady", "still none")
+    assert events_to_post(old, again) == []
+    rejected = PeriodResult("rejected", 1, status={"candidateVersion": "v2"})
+    rejected.tell("Warning", cond.GUARD_REJECTED, "same candidate")
+    assert events_to_post(old, rejected) == []
+    rejected.status["candidateVersion"] = "v3"
+    assert [e.reason for e in events_to_post(old, rejected)] == [cond.GUARD_REJECTED]
+
+
+def test_metrics_available_turning_either_way_is_told() -> None:
+    old = {"conditions": cond.merge([], [Finding(cond.METRICS_AVAILABLE, True, "MetricsRead")], generation=1, now=T0)}
+    down = PeriodResult("kept", 1, [Finding(cond.METRICS_AVAILABLE, False, "PrometheusUnreachable", "refused")])
+    (event,) = events_to_post(old, down)
+    assert (event.kind, event.reason) == ("Warning", "PrometheusUnreachable")
+    steady = PeriodResult("kept", 1, [Finding(cond.METRICS_AVAILABLE, True, "MetricsRead", "ok")])
+    assert events_to_post(old, steady) == []
