@@ -92,7 +92,7 @@ class GpuSpec(ApiModel):
         le=65536,
         description=(
             "Allocatable memory of one node of this product, for memory.hostKvCacheGib auto; "
-            "when unset, the operator reads it from the nodes of the product."
+            "when unset, auto leaves the host KV tier off (the memory plan says so in its notes)."
         ),
     )
 
