@@ -46,13 +46,18 @@ crds: $(STAMP)
 chart: crds
 	$(VENV)/bin/cacheroute chart --out helm/cacheroute --install-doc docs/install.md
 
+## The capacity benches replay the first 15 minutes of the generated workloads (about 40 minutes in
+## all on two cores); `make bench REPLAY_SPAN=` replays the whole hour (several hours).
+REPLAY_SPAN ?= --quick
 bench: $(STAMP) sandbox-deps
 	@mkdir -p bench-results
 	@# The router bench's Go load generator and the control bench's promtool are built first, while
 	@# the module proxy is reachable.
 	$(PY) -c "from tests.bench.bench_router import loadgen_binary; loadgen_binary()"
 	$(PY) -m cacheroute.sandbox.binaries ensure promtool
-	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(ISOLATE) $(PY) -m tests.bench.$$(basename $$b .py); done
+	@set -e; for b in tests/bench/bench_*.py; do n=$$(basename $$b .py); echo "== $$b"; \
+	  case $$n in bench_replay|bench_capacity) args="$(REPLAY_SPAN)";; *) args="";; esac; \
+	  $(ISOLATE) $(PY) -m tests.bench.$$n $$args; done
 
 ## The whole loop on this machine (docs/demo.md): sandbox, helm install, a pool of 8 emulated vLLM
 ## destinations and an AffinityPlan, real traffic through Envoy and the router, a p2c phase then a

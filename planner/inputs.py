@@ -34,11 +34,10 @@ def _check_destinations(destinations: Sequence[Destination]) -> F64:
         seen.add(d.id)
         if not (isinstance(d.weight, int | float) and math.isfinite(d.weight) and d.weight > 0):
             raise PlanInputError(f"destinations[{i}] ({d.id}) weight is {d.weight!r}: must be finite and > 0")
-        cap = d.kv_capacity_tokens
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise PlanInputError(
-                f"destinations[{i}] ({d.id}) kv_capacity_tokens is {d.kv_capacity_tokens!r}: must be an integer >= 0"
-            )
+        for name in ("kv_capacity_tokens", "host_kv_capacity_tokens"):
+            cap = getattr(d, name)
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise PlanInputError(f"destinations[{i}] ({d.id}) {name} is {cap!r}: must be an integer >= 0")
     return np.array([float(d.weight) for d in destinations], dtype=np.float64)
 
 

@@ -37,7 +37,10 @@ class CostModel:
       1e15 usable FLOP/s of FP8 on two GPUs);
     - `decode_s_per_token` 4.0e-4: ~2,500 output tokens/s (a 64-sequence batch at ~25 ms a step);
     - `request_overhead_s` 0: scheduling and sampling overhead per request, negligible next to
-      the above for long prompts.
+      the above for long prompts;
+    - `host_copy_s_per_token` 0: copying one token of KV back from a host-memory tier
+      (`EngineProfile.host_copy_s_per_token`: 3.3 us in fp8, 6.6 us in bf16 for this replica);
+      a prefix held there saves `prefill - copy` per token instead of `prefill`.
     Calibrate them per model and GPU; placement only depends on their ratios, replication also on
     their scale (it compares a key's load with `max_key_share_of_destination`).
     """
@@ -45,9 +48,17 @@ class CostModel:
     prefill_s_per_token: float = 1.4e-4
     decode_s_per_token: float = 4.0e-4
     request_overhead_s: float = 0.0
+    host_copy_s_per_token: float = 0.0
+
+    @property
+    def host_value(self) -> float:
+        """What a prefix token held in host memory saves, as a share of one held on the GPU."""
+        if self.prefill_s_per_token <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.host_copy_s_per_token / self.prefill_s_per_token)
 
     def __post_init__(self) -> None:
-        for name in ("prefill_s_per_token", "decode_s_per_token", "request_overhead_s"):
+        for name in ("prefill_s_per_token", "decode_s_per_token", "request_overhead_s", "host_copy_s_per_token"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise PlanInputError(f"cost.{name} is {v!r}: must be finite and >= 0")
@@ -104,9 +115,18 @@ def replicas_needed(load: F64, share: float, min_weight: float, cap: int) -> I64
     return np.clip(need, 1, max(cap, 1)).astype(np.int64)
 
 
-def warm_budget(destinations: Sequence[Destination], budget: Budget) -> F64:
-    """Warm KV tokens per destination: the fixed number (within KV capacity when known), or auto."""
+def warm_capacity(destinations: Sequence[Destination], cost: CostModel) -> F64:
+    """Warm KV each destination can hold, in GPU-token equivalents: its GPU tokens plus its host-tier
+    tokens valued by what they save net of the copy back (`CostModel.host_value`)."""
     kv = np.array([float(d.kv_capacity_tokens) for d in destinations], dtype=np.float64)
+    host = np.array([float(d.host_kv_capacity_tokens) for d in destinations], dtype=np.float64)
+    return np.asarray(kv + np.floor(host * cost.host_value), dtype=np.float64)
+
+
+def warm_budget(destinations: Sequence[Destination], budget: Budget, cost: CostModel | None = None) -> F64:
+    """Warm KV tokens per destination: the fixed number (within the warm capacity when known), or
+    auto, a share of the warm capacity of both tiers (`warm_capacity`)."""
+    kv = warm_capacity(destinations, cost or CostModel())
     if budget.warm_tokens_per_destination == "auto":
         return np.floor(kv * budget.auto_fraction)
     fixed = float(budget.warm_tokens_per_destination)
@@ -201,7 +221,7 @@ def key_demand(
     dest_ids = [d.id for d in destinations]
     key_load = warm_load(stats, cost)
     pin = pinned_routes(pinned, stats, key_load, dest_ids, budget)
-    wb = warm_budget(destinations, budget)
+    wb = warm_budget(destinations, budget, cost)
     room = np.maximum(wb - pin.kv, 0.0)
     notes = []
     if bool(np.any(pin.kv > wb)):

@@ -54,12 +54,14 @@ def affinity_key_hash(key: str) -> int:
 
 @dataclass(frozen=True)
 class Destination:
-    """One vLLM replica: stable id `<pool>-<ordinal>`, address `ip:port`."""
+    """One vLLM replica: stable id `<pool>-<ordinal>`, address `ip:port`; KV tokens it holds on its
+    GPUs and in its host-memory tier (0: none)."""
 
     id: str
     address: str = ""
     weight: float = 1.0
     kv_capacity_tokens: int = 0
+    host_kv_capacity_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,9 @@ class Plan:
 
     `route_keys` is sorted and unique; the destinations of `route_keys[i]` are
     `route_dests[route_offsets[i]:route_offsets[i + 1]]`, indexes into `destinations`, in
-    preference order.
+    preference order. `pinned_keys` (sorted, a subset of `route_keys`) are the routes someone
+    pinned: the router keeps them to their entry, where it adds a computed route's ring
+    candidates (`routing.key_candidates`).
     """
 
     pool: str
@@ -103,6 +107,7 @@ class Plan:
     spill_threshold: float = DEFAULT_SPILL_THRESHOLD
     key_extraction: KeyExtraction = field(default_factory=KeyExtraction)
     summary: PlanSummary = field(default_factory=PlanSummary)
+    pinned_keys: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def __post_init__(self) -> None:
         n = len(self.route_keys)
@@ -119,6 +124,13 @@ class Plan:
         ids = [d.id for d in self.destinations]
         if len(set(ids)) != len(ids):
             raise PlanError("destination ids must be unique")
+        pinned = self.pinned_keys
+        if len(pinned):
+            if len(pinned) > 1 and not bool(np.all(pinned[1:] > pinned[:-1])):
+                raise PlanError("pinned keys must be sorted and unique")
+            pos = np.minimum(np.searchsorted(self.route_keys, pinned), max(n - 1, 0))
+            if not n or not bool(np.all(self.route_keys[pos] == pinned)):
+                raise PlanError("a pinned key has no route")
 
     def __len__(self) -> int:
         return len(self.route_keys)
@@ -145,9 +157,14 @@ def plan_from_routes(
     pool: str,
     destinations: Sequence[Destination],
     routes: Mapping[int, Sequence[str]] | Iterable[tuple[int, Sequence[str]]],
+    *,
+    pinned: bool = False,
     **kwargs: object,
 ) -> Plan:
-    """Build a plan from `key hash -> destination ids`; the order of ids is kept."""
+    """Build a plan from `key hash -> destination ids`; the order of ids is kept.
+
+    `pinned=True` marks every route pinned (`Plan.pinned_keys`: a router with `--widen-planned`
+    keeps them to their entry instead of adding the key's ring candidates)."""
     index = {d.id: i for i, d in enumerate(destinations)}
     items = sorted(routes.items() if isinstance(routes, Mapping) else routes)
     keys = np.fromiter((k for k, _ in items), dtype=np.uint64, count=len(items))
@@ -167,6 +184,7 @@ def plan_from_routes(
         route_keys=keys,
         route_offsets=offsets,
         route_dests=np.asarray(flat, dtype=np.uint16),
+        pinned_keys=keys.copy() if pinned else np.zeros(0, dtype=np.uint64),
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -254,7 +272,9 @@ def validate_plan(plan: Plan) -> None:
     `Plan` keeps itself: types (strings are strings, numbers are finite numbers), destination
     addresses (`ip:port`, `[ipv6]:port` or `host:port`; empty when the router finds the pod's
     address in the EndpointSlices), ranges (spill threshold, prompt prefix, weights), and the
-    size limits (`MAX_ROUTES`, `MAX_DESTINATIONS`, `MAX_DESTINATIONS_PER_ROUTE`).
+    size limits (`MAX_ROUTES`, `MAX_DESTINATIONS`, `MAX_DESTINATIONS_PER_ROUTE`: a route's width is
+    how many candidates the router weighs for the key), host KV capacities, and pinned keys (a
+    sorted, unique subset of the route keys).
     """
     if not isinstance(plan, Plan):
         raise PlanError(f"not a Plan: {type(plan).__name__}")
@@ -282,6 +302,7 @@ def validate_plan(plan: Plan) -> None:
             addresses[d.address] = d.id
         _check_number(d.weight, f"{where}.weight", 0.0, 1e6, open_low=True)
         _check_number(d.kv_capacity_tokens, f"{where}.kvCapacityTokens", 0, 2**53, integer=True)
+        _check_number(d.host_kv_capacity_tokens, f"{where}.hostKvCapacityTokens", 0, 2**53, integer=True)
     lo, hi = SPILL_THRESHOLD_RANGE
     _check_number(plan.spill_threshold, "spillThreshold", lo, hi)
     ke = plan.key_extraction
@@ -294,6 +315,7 @@ def validate_plan(plan: Plan) -> None:
     _check_number(ke.prompt_prefix_chars, "keyExtraction.promptPrefixChars", 0, MAX_PROMPT_PREFIX_CHARS, integer=True)
     _validate_summary(plan.summary)
     _validate_routes(plan)
+    _validate_pinned(plan)
 
 
 def _validate_summary(s: PlanSummary) -> None:
@@ -314,6 +336,23 @@ def _validate_summary(s: PlanSummary) -> None:
         _check_text(key, "summary.predictedLoad key")
         _check_number(load, f"summary.predictedLoad[{key!r}]", 0.0, 1e12)
     _check_text(s.reason, "summary.reason", empty=True, limit=MAX_TEXT_CHARS)
+
+
+def _validate_pinned(plan: Plan) -> None:
+    """Pinned keys: a sorted, unique subset of the route keys (their routes' widths are checked
+    with every route's)."""
+    pinned = plan.pinned_keys
+    if not isinstance(pinned, np.ndarray) or pinned.ndim != 1 or pinned.dtype != np.uint64:
+        raise PlanError("pinned_keys must be a one-dimensional uint64 array")
+    if len(pinned) > len(plan):
+        raise PlanError(f"{len(pinned):,} pinned keys but only {len(plan):,} routes")
+    if len(pinned) > 1 and not bool(np.all(pinned[1:] > pinned[:-1])):
+        raise PlanError("pinnedKeys must be sorted and unique")
+    if len(pinned):
+        pos = np.minimum(np.searchsorted(plan.route_keys, pinned), len(plan) - 1)
+        missing = np.flatnonzero(plan.route_keys[pos] != pinned)
+        if len(missing):
+            raise PlanError(f"pinned key {int(pinned[missing[0]]):016x} has no route")
 
 
 def _validate_routes(plan: Plan) -> None:

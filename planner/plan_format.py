@@ -114,15 +114,22 @@ def _decode_shard(
     return keys, counts, dests
 
 
+def _destination(d: Destination) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": d.id, "address": d.address, "weight": d.weight, "kvCapacityTokens": d.kv_capacity_tokens
+    }
+    if d.host_kv_capacity_tokens:
+        # Only when there is a host tier, so plans of pools without one keep their version hash.
+        out["hostKvCapacityTokens"] = d.host_kv_capacity_tokens
+    return out
+
+
 def _header_body(plan: Plan) -> dict[str, Any]:
     s = plan.summary
     return {
         "schema": PLAN_SCHEMA,
         "pool": plan.pool,
-        "destinations": [
-            {"id": d.id, "address": d.address, "weight": d.weight, "kvCapacityTokens": d.kv_capacity_tokens}
-            for d in plan.destinations
-        ],
+        "destinations": [_destination(d) for d in plan.destinations],
         "spillThreshold": plan.spill_threshold,
         "keyExtraction": {
             "header": plan.key_extraction.header,
@@ -140,7 +147,10 @@ def _header_body(plan: Plan) -> dict[str, Any]:
             "reason": s.reason,
         },
         "routeCount": len(plan),
-    }
+    } | (
+        # Only when some are, so plans without pinned routes keep their version hash.
+        {"pinnedKeys": [f"{k:016x}" for k in plan.pinned_keys.tolist()]} if len(plan.pinned_keys) else {}
+    )
 
 
 def _canonical(obj: Any) -> bytes:
@@ -226,6 +236,7 @@ MAX_PAYLOAD_BYTES = max_compressed_bytes(MAX_INFLATED_BYTES)
 _SHARD_NAME = re.compile(r"^routes-\d{4}\.bin\.gz$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _VERSION = re.compile(r"^[0-9a-f]{16}$")
+_KEY_HASH = _VERSION
 
 
 def _reject_constant(name: str) -> None:
@@ -324,6 +335,7 @@ def _destinations(header: _Fields) -> tuple[Destination, ...]:
                 str(d.text("address")),
                 float(d.number("weight") or 0.0),
                 d.integer("kvCapacityTokens"),
+                d.integer("hostKvCapacityTokens") if "hostKvCapacityTokens" in d.obj else 0,
             )
         )
     return tuple(out)
@@ -382,6 +394,18 @@ def _shards(header: _Fields) -> list[tuple[str, str, int, str]]:
     return shards
 
 
+def _pinned_keys(header: _Fields) -> npt.NDArray[np.uint64]:
+    """The pinned route keys (`Plan.pinned_keys`), 16 hex digits each; none when absent."""
+    if "pinnedKeys" not in header.obj:
+        return np.zeros(0, dtype=np.uint64)
+    out = []
+    for i, item in enumerate(header.items("pinnedKeys", MAX_ROUTES)):
+        if not isinstance(item, str) or not _KEY_HASH.match(item):
+            raise PlanError(f"header.pinnedKeys[{i}] is {_show(item)}: not 16 lower-case hex digits")
+        out.append(int(item, 16))
+    return np.array(out, dtype=np.uint64)
+
+
 def decode_plan(files: Mapping[str, bytes]) -> Plan:
     """Decode and verify a plan payload (all files of all its ConfigMaps); raises PlanError.
 
@@ -435,6 +459,7 @@ def _decode(files: Mapping[str, bytes]) -> Plan:
         spill_threshold=spill_threshold,
         key_extraction=key_extraction,
         summary=summary,
+        pinned_keys=_pinned_keys(header),
     )
     validate_plan(plan)
     return plan

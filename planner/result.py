@@ -189,6 +189,7 @@ def plan_result(
         generated_at=generated_at,
         spill_threshold=spill_threshold,
         key_extraction=key_extraction,
+        pinned_keys=np.unique(pin.hashes).astype(np.uint64),
         summary=PlanSummary(
             admitted_keys=len(route_keys),
             admitted_request_share=req_share,

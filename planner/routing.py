@@ -3,22 +3,35 @@
 The router (`router/picker.py`) and the replay's planned policies (`replay/planned.py`) both
 decide through `RoutingRule.choose`, so what the replay measures is what the router does.
 
-1. **Planned key**: the least-loaded usable destination of its plan entry; ties go to the first
-   at or after `key_hash % len(entry)`, so every router replica with the same view of load picks
-   the same one.
+1. **Planned key**: the least-loaded usable destination among the key's candidates; ties go to
+   the first at or after `key_hash % len(candidates)`, so every router replica with the same view
+   of load picks the same one. A key's candidates are its plan entry, whose length the planner
+   decides from the key's load (`load.replicas_needed`). With `widen_planned` (router
+   `--widen-planned`) and key-seeded p2c, a computed route's candidates are instead its two ring
+   candidates followed by as many of its planned destinations as its entry is long, so no key
+   is held to one destination; pinned routes keep their entry. It is off by default: when the KV
+   cache binds, a second candidate per key caches its prefix twice (docs/capacity.md).
 2. **Bounded affinity**: when that destination's load exceeds
    `spill_threshold x mean load + spill_slack`, the request spills to p2c among the other usable
-   destinations (unless it is the only one). A planned key with no usable destination spills too.
+   destinations (unless it is the only one). A planned key with no usable candidate spills too.
 3. **Unplanned key, key-seeded p2c** (`unplanned="key-p2c"`): the less loaded of the key's two
    candidates on the consistent-hash ring (`keyring.KeyRing`), the first on a tie; an unusable
    candidate is skipped, and with neither usable the request goes to plain p2c.
 4. **Plain p2c** (unplanned keys with `unplanned="p2c"`, keyless requests): the less loaded of two
    distinct destinations drawn uniformly, the first drawn on a tie.
+5. **Following a prefix**: when the caller knows where the longest earlier prompt sharing most
+   of this one went (`follow`: the replay's memory of routed prefixes, `prefixes.PrefixMemory`;
+   the router keeps none yet and never passes `follow`, so this step is a replay experiment),
+   the request goes there instead, as long as that destination's load is at most
+   `follow_ratio x` the load of the destination steps 1-4 chose, plus `follow_slack`, plus
+   `follow_gain`: what the request itself weighs less there, its remembered prefix in the
+   units of load (`tokenload.py`). The next turn of a conversation finds its history in that
+   destination's cache; a long shared document is not prefilled twice.
 
-Load is whatever the caller's `Loads` says: the rule compares loads and never measures them, so a
-different measure of load (e.g. token-aware) changes the `Loads` a caller passes, not the rule nor
-the callers' decision code. Destinations are opaque: the router passes its `Endpoint` objects, the
-replay destination indexes.
+Load is whatever the caller's `Loads` says: the rule compares loads and never measures them
+(both callers count requests in flight, queued requests, and prompt tokens in flight:
+`tokenload.py`). Destinations are opaque: the router passes its `Endpoint` objects, the replay
+destination indexes.
 """
 
 from __future__ import annotations
@@ -29,13 +42,22 @@ from typing import Generic, Protocol, TypeVar
 from cacheroute.planner.keyring import KeyRing
 
 # Bounded affinity: a planned destination takes a request while its load is at most
-# threshold x mean load + slack (in units of the load measure: requests today).
+# threshold x mean load + slack (in units of the load measure: requests in flight).
 DEFAULT_SPILL_THRESHOLD = 1.5
 DEFAULT_SPILL_SLACK = 2.0
+# A request follows its prefix while that destination's load is at most ratio x the other
+# choice's + slack.
+DEFAULT_FOLLOW_RATIO = 1.5
+DEFAULT_FOLLOW_SLACK = 2.0
+# Candidates of a planned key under key-seeded p2c: at least its two ring candidates.
+MIN_KEY_CANDIDATES = 2
 
 PLANNED = "planned"
 SPILLED = "spilled"
+KEY_P2C = "key-p2c"
 P2C = "p2c"
+FOLLOWED = "followed"
+OUTCOMES = (PLANNED, SPILLED, KEY_P2C, P2C, FOLLOWED)
 
 D = TypeVar("D")
 D_contra = TypeVar("D_contra", contravariant=True)
@@ -55,6 +77,14 @@ def check_spill(threshold: float, slack: float) -> None:
         raise ValueError(f"spill threshold must be positive, got {threshold}")
     if not slack >= 0:
         raise ValueError(f"spill slack must not be negative, got {slack}")
+
+
+def check_follow(ratio: float, slack: float) -> None:
+    """Refuse prefix-following settings out of range (ratio 0 turns following off)."""
+    if not ratio >= 0:
+        raise ValueError(f"follow ratio must not be negative, got {ratio}")
+    if not slack >= 0:
+        raise ValueError(f"follow slack must not be negative, got {slack}")
 
 
 def ring_candidates(ring: KeyRing, members: Sequence[D], *, memo: bool = False) -> Callable[[int], tuple[D, D]]:
@@ -83,16 +113,34 @@ def ring_candidates(ring: KeyRing, members: Sequence[D], *, memo: bool = False) 
     return remembered
 
 
+def key_candidates(planned: Sequence[D], pair: tuple[D, D]) -> Sequence[D]:
+    """A planned key's candidates under key-seeded p2c: its ring pair, then its planned
+    destinations not already in it, `max(2, len(planned))` in all (fewer when there are not as
+    many distinct ones)."""
+    a, b = pair
+    want = max(MIN_KEY_CANDIDATES, len(planned))
+    out = [a] if a == b else [a, b]
+    for d in planned:
+        if len(out) >= want:
+            break
+        if d not in out:
+            out.append(d)
+    return out
+
+
 class RoutingRule(Generic[D]):
     """The rule of the module docstring, bound to one caller's loads, random draws and settings.
 
     `draw` returns uniform floats in [0, 1) (`random.Random.random`): both callers seed one and
     consume it in the same order, so equal states and seeds give equal decisions.
-    `key_candidates` gives an unplanned key's two ring candidates (`ring_candidates`); None routes
-    unplanned keys by plain p2c.
+    `key_candidates` gives a key's two ring candidates (`ring_candidates`); None routes unplanned
+    keys by plain p2c; `widen_planned` widens computed planned routes with them (module docstring;
+    `pinned` entries never are).
+    `follow_ratio` 0 never follows.
     """
 
-    __slots__ = ("_draw", "_key_candidates", "_load", "_mean", "spill_slack", "spill_threshold")
+    __slots__ = ("_draw", "_key_candidates", "_load", "_mean", "follow_ratio", "follow_slack", "spill_slack",
+                 "spill_threshold", "widen_planned")
 
     def __init__(
         self,
@@ -102,6 +150,9 @@ class RoutingRule(Generic[D]):
         spill_threshold: float = DEFAULT_SPILL_THRESHOLD,
         spill_slack: float = DEFAULT_SPILL_SLACK,
         key_candidates: Callable[[int], tuple[D, D]] | None = None,
+        follow_ratio: float = DEFAULT_FOLLOW_RATIO,
+        follow_slack: float = DEFAULT_FOLLOW_SLACK,
+        widen_planned: bool = False,
     ) -> None:
         self._load = loads.load
         self._mean = loads.mean
@@ -109,6 +160,9 @@ class RoutingRule(Generic[D]):
         self._key_candidates = key_candidates
         self.spill_threshold = spill_threshold
         self.spill_slack = spill_slack
+        self.follow_ratio = follow_ratio
+        self.follow_slack = follow_slack
+        self.widen_planned = widen_planned
 
     def choose(
         self,
@@ -116,25 +170,48 @@ class RoutingRule(Generic[D]):
         planned: Sequence[D] | None,
         usable: Sequence[D],
         is_usable: Callable[[D], bool] | None = None,
+        *,
+        follow: D | None = None,
+        follow_gain: float = 0.0,
+        pinned: bool = False,
     ) -> tuple[str, D]:
-        """The outcome (PLANNED, SPILLED or P2C) and destination of one request.
+        """The outcome (one of `OUTCOMES`) and destination of one request.
 
         `planned` is the key's plan entry (None: the key is not planned), `usable` the destinations
         that may take the request (at least one), `is_usable` tells whether a destination of the
-        plan entry or a ring candidate is among them (None: all of them are).
+        plan entry, a ring candidate or `follow` is among them (None: all of them are). `follow`
+        is where the caller's memory says most of this prompt was sent before (None: nowhere), and
+        `follow_gain` what the request weighs less there, in load units. A `pinned` plan entry
+        is taken as it is, without the key's ring candidates.
         """
+        # One function, no helper call: this runs once per request on the router's hot path.
+        outcome = P2C
+        chosen: D | None = None
         if key_hash is not None:
+            ring = self._key_candidates
             if planned is not None:
+                if ring is not None and self.widen_planned and not pinned:
+                    planned = key_candidates(planned, ring(key_hash))
                 best = self.least_loaded(planned, key_hash, is_usable)
                 if best is None:
-                    return SPILLED, self.p2c(usable)
-                if len(usable) == 1 or not self.overloaded(best):
-                    return PLANNED, best
-                return SPILLED, self.p2c(usable, best)
-            candidates = self._key_candidates
-            if candidates is not None:
-                return P2C, self.key_p2c(candidates(key_hash), usable, is_usable)
-        return P2C, self.p2c(usable)
+                    outcome, chosen = SPILLED, self.p2c(usable)
+                elif len(usable) == 1 or not self.overloaded(best):
+                    outcome, chosen = PLANNED, best
+                else:
+                    outcome, chosen = SPILLED, self.p2c(usable, best)
+            elif ring is not None:
+                outcome, chosen = KEY_P2C, self.key_p2c(ring(key_hash), usable, is_usable)
+        if chosen is None:
+            chosen = self.p2c(usable)
+        if (
+            follow is not None
+            and follow != chosen
+            and self.follow_ratio > 0
+            and (is_usable is None or is_usable(follow))
+            and self._load(follow) <= self.follow_ratio * self._load(chosen) + self.follow_slack + follow_gain
+        ):
+            return FOLLOWED, follow
+        return outcome, chosen
 
     def least_loaded(self, planned: Sequence[D], key_hash: int, is_usable: Callable[[D], bool] | None) -> D | None:
         """The usable destination of `planned` with the least load; ties go to the first at or

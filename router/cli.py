@@ -12,6 +12,7 @@ import typer
 
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
+from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT
 from cacheroute.router import eventloop, sidecar
 from cacheroute.router.settings import (
     BODY_MODES,
@@ -170,6 +171,24 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             help="Keys outside the plan: key-p2c (the less loaded of two endpoints derived from the key) or p2c.",
         ),
     ] = "key-p2c",
+    tokens_per_load_unit: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1e9,
+            envvar=_env("TOKENS_PER_LOAD_UNIT"),
+            help="Prompt tokens in flight on an endpoint that weigh as much as one more request in flight "
+            "(token-aware load; the prompt size is estimated from the body). 0 counts requests only.",
+        ),
+    ] = DEFAULT_TOKENS_PER_LOAD_UNIT,
+    widen_planned: Annotated[
+        bool,
+        typer.Option(
+            envvar=_env("WIDEN_PLANNED"),
+            help="A computed route's candidates become the key's two ring endpoints followed by its planned "
+            "endpoints, as many as its entry is long (pinned routes keep their entry).",
+        ),
+    ] = False,
     scrape_interval: Annotated[
         float,
         typer.Option(
@@ -241,6 +260,8 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             spill_slack=spill_slack,
             fallbacks=fallbacks,
             unplanned=unplanned,
+            tokens_per_load_unit=tokens_per_load_unit,
+            widen_planned=widen_planned,
             scrape_interval=scrape_interval,
             scrape_timeout=scrape_timeout,
             max_body_bytes=max_body_bytes,

@@ -21,6 +21,7 @@ class Endpoint:
         "address",
         "destination",
         "in_flight",
+        "in_flight_tokens",
         "member_ready",
         "ready",
         "running",
@@ -32,8 +33,10 @@ class Endpoint:
     def __init__(self, address: str, destination: str = "") -> None:
         self.address = address
         self.destination = destination
-        # Requests this router sent there and that have not finished yet.
+        # Requests this router sent there and that have not finished yet, and the prompt tokens
+        # they brought, as estimated from their bodies (token-aware load).
         self.in_flight = 0
+        self.in_flight_tokens = 0
         # Queue depth and batch size reported by the engine's /metrics.
         self.waiting = 0
         self.running = 0
@@ -73,6 +76,9 @@ class EndpointPool:
         # Totals over `ready`, kept incrementally so the mean load is O(1) per decision.
         self.in_flight_ready = 0
         self.waiting_ready = 0
+        self.tokens_ready = 0
+        # Load units per prompt token in flight (0: requests only); the picker sets it.
+        self.per_token = 0.0
         self._listeners: list[Callable[[], None]] = []
 
     # --- membership -------------------------------------------------------------------------------
@@ -161,6 +167,7 @@ class EndpointPool:
         sign = 1 if ready else -1
         self.in_flight_ready += sign * endpoint.in_flight
         self.waiting_ready += sign * endpoint.waiting
+        self.tokens_ready += sign * endpoint.in_flight_tokens
         endpoint.ready = ready
         return True
 
@@ -181,19 +188,27 @@ class EndpointPool:
         if self._set_ready(endpoint, self._should_be_ready(endpoint)):
             self._refresh_ready_tuple()
 
-    def acquire(self, endpoint: Endpoint) -> None:
+    def acquire(self, endpoint: Endpoint, tokens: int = 0) -> None:
+        """A request (bringing `tokens` prompt tokens to compute) was sent to `endpoint`."""
         endpoint.in_flight += 1
+        endpoint.in_flight_tokens += tokens
         if endpoint.ready:
             self.in_flight_ready += 1
+            self.tokens_ready += tokens
 
-    def release(self, endpoint: Endpoint) -> None:
+    def release(self, endpoint: Endpoint, tokens: int = 0) -> None:
+        """The request `acquire` counted ended."""
         endpoint.in_flight -= 1
+        endpoint.in_flight_tokens -= tokens
         if endpoint.ready:
             self.in_flight_ready -= 1
+            self.tokens_ready -= tokens
 
     def mean_load(self) -> float:
+        """Mean load over ready endpoints: in flight plus queued, plus prompt tokens in flight
+        times `per_token` (token-aware load, `planner/tokenload.py`)."""
         n = len(self.ready)
-        return (self.in_flight_ready + self.waiting_ready) / n if n else 0.0
+        return (self.in_flight_ready + self.waiting_ready + self.tokens_ready * self.per_token) / n if n else 0.0
 
     @property
     def known(self) -> bool:

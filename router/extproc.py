@@ -47,6 +47,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from grpc.aio import EOF
 
+from cacheroute.planner.tokenload import TokenEstimator
 from cacheroute.router import keys as keymod
 from cacheroute.router.endpoints import Endpoint
 from cacheroute.router.picker import NONE
@@ -151,6 +152,8 @@ class RouterCore:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.default_body_mode = BODY_MODE_BY_NAME[default_body_mode]
+        # Prompt tokens from body bytes, the ratio learned from responses' usage (token-aware load).
+        self.estimator = TokenEstimator()
         self._routes: dict[tuple[str, str], Reply] = {}
         self._error_logged_at = -ERROR_LOG_INTERVAL
         self._errors_unlogged = 0
@@ -184,6 +187,7 @@ class Exchange:
     __slots__ = (
         "allowed",
         "body_bytes",
+        "charge",
         "chunks",
         "content_length",
         "core",
@@ -206,6 +210,8 @@ class Exchange:
         self.core = core
         self.decided = False
         self.endpoint: Endpoint | None = None
+        # Prompt tokens charged to `endpoint` while the request is in flight (token-aware load).
+        self.charge = 0
         self.key: keymod.Key | None = None
         self.outcome = ""
         self.headers: dict[str, str] = {}
@@ -362,7 +368,7 @@ class Exchange:
         decision = core.picker.pick(self.key.hash if self.key is not None else None, self.allowed)
         if self.endpoint is not None:
             # Only a fallback after a failed message decides twice; the first endpoint goes back.
-            core.pool.release(self.endpoint)
+            core.pool.release(self.endpoint, self.charge)
             self.endpoint = None
         self.decided = True
         self.outcome = decision.outcome
@@ -373,7 +379,10 @@ class Exchange:
             return _NO_ENDPOINT
         endpoints = decision.endpoints
         primary = endpoints[0]
-        core.pool.acquire(primary)
+        # What the body says the prompt weighs: its bytes so far, or the declared content-length
+        # when the decision comes from the headers alone.
+        self.charge = core.estimator.estimate(self.body_bytes or self.content_length) if core.picker.token_aware else 0
+        core.pool.acquire(primary, self.charge)
         self.endpoint = primary
         value = primary.address if len(endpoints) == 1 else ",".join(e.address for e in endpoints)
         response = core.route_response(phase, value)
@@ -415,10 +424,12 @@ class Exchange:
     def finish(self) -> None:
         """The stream ended (response complete or reset): release the endpoint, count the request."""
         if self.endpoint is not None:
-            self.core.pool.release(self.endpoint)
+            self.core.pool.release(self.endpoint, self.charge)
             self.endpoint = None
         if not self.decided or self.outcome == NONE:
             return
+        if self.usage_tokens is not None:
+            self.core.estimator.learn(self.body_bytes or self.content_length, self.usage_tokens)
         try:
             self._count()
         except Exception:

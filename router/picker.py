@@ -4,9 +4,12 @@ the router's endpoints.
 The rule decides planned, spilled, key-seeded p2c or p2c; this module supplies what it decides
 from: the ready endpoints (narrowed by the data plane's subset hint), each key's planned endpoints,
 the ring of every known endpoint for key-seeded p2c, and the load. Load is the router's own
-in-flight count for the endpoint plus the queue depth the endpoint reports on /metrics: the first
-reacts within a request, the second sees other router replicas. It adds the router's own part:
-fallback endpoints for the data plane to retry.
+in-flight count for the endpoint plus the queue depth the endpoint reports on /metrics (the first
+reacts within a request, the second sees other router replicas) plus the prompt tokens of the
+router's requests in flight there over `tokens_per_unit` (`planner/tokenload.py`: a few long
+prompts weigh as much as many short ones; the exchange estimates each request's tokens from its
+body size and charges them with `EndpointPool.acquire`). It adds the router's own part: fallback
+endpoints for the data plane to retry.
 """
 
 from __future__ import annotations
@@ -18,7 +21,16 @@ from typing import NamedTuple
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.plan import KeyExtraction
-from cacheroute.planner.routing import DEFAULT_SPILL_SLACK, P2C, PLANNED, SPILLED, RoutingRule, ring_candidates
+from cacheroute.planner.routing import (
+    DEFAULT_SPILL_SLACK,
+    KEY_P2C,
+    P2C,
+    PLANNED,
+    SPILLED,
+    RoutingRule,
+    ring_candidates,
+)
+from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT, check_tokens_per_unit
 from cacheroute.router.endpoints import Endpoint, EndpointPool
 from cacheroute.router.settings import KeyOverrides
 from cacheroute.router.table import RoutingTable, resolve_groups
@@ -47,16 +59,20 @@ class _View(NamedTuple):
 
 
 class _EndpointLoads:
-    """The rule's view of load: in flight plus scraped queue, the mean over ready endpoints."""
+    """The rule's view of load (`planner/tokenload.py`): in flight plus scraped queue plus prompt
+    tokens in flight over `tokens_per_unit` (0: requests only); the mean over ready endpoints."""
 
-    __slots__ = ("mean",)
+    __slots__ = ("load", "mean")
 
-    def __init__(self, pool: EndpointPool) -> None:
+    def __init__(self, pool: EndpointPool, tokens_per_unit: float) -> None:
+        per_token = pool.per_token = 1.0 / tokens_per_unit if tokens_per_unit > 0 else 0.0
         self.mean = pool.mean_load
 
-    @staticmethod
-    def load(endpoint: Endpoint, /) -> float:
-        return endpoint.in_flight + endpoint.waiting
+        # A plain function (no bound-method lookup): called for every candidate of every decision.
+        def load(endpoint: Endpoint, /) -> float:
+            return endpoint.in_flight + endpoint.waiting + endpoint.in_flight_tokens * per_token
+
+        self.load = load
 
 
 _is_ready: Callable[[Endpoint], bool] = attrgetter("ready")
@@ -80,15 +96,21 @@ class Picker:
         keys: KeyOverrides | None = None,
         seed: int | None = None,
         unplanned: str = DEFAULT_UNPLANNED,
+        tokens_per_unit: float = DEFAULT_TOKENS_PER_LOAD_UNIT,
+        widen_planned: bool = False,
     ) -> None:
+        check_tokens_per_unit(tokens_per_unit)
         self.pool = pool
+        # Prompt tokens a request brings are charged to its endpoint only when load counts them.
+        self.token_aware = tokens_per_unit > 0
         self._key_seeded = check_unplanned_mode(unplanned) == "key-p2c"
         self._threshold_override = spill_threshold
         self._slack = spill_slack
         self._fallbacks = fallbacks
         self._keys = keys or KeyOverrides()
         self._random = random.Random(seed).random
-        self._loads = _EndpointLoads(pool)
+        self._loads = _EndpointLoads(pool, tokens_per_unit)
+        self._widen = widen_planned
         self._view = self._make_view(RoutingTable.empty())
         pool.on_change(self.refresh)
 
@@ -104,6 +126,7 @@ class Picker:
             spill_threshold=threshold,
             spill_slack=self._slack,
             key_candidates=self._ring_candidates() if self._key_seeded else None,
+            widen_planned=self._widen,
         )
         return _View(table, resolve_groups(table, self.pool), threshold, extraction, headers, rule)
 
@@ -157,13 +180,18 @@ class Picker:
         if not ready:
             return _NO_ENDPOINT
         planned: tuple[Endpoint, ...] | None = None
+        pinned = False
         if key_hash is not None:
             group = view.table.routes.get(key_hash)
             if group is not None:
                 planned = view.groups[group]
+                pinned = self._widen and key_hash in view.table.pinned
                 if allowed is not None:
                     planned = tuple(e for e in planned if e.address in allowed)
-        outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable)
+        outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable, pinned=pinned)
+        if outcome == KEY_P2C:
+            # Counted as p2c, key-seeded or not (the metric's documented outcomes).
+            outcome = P2C
         return self._with_fallbacks(outcome, chosen, planned or (), ready)
 
     def _with_fallbacks(
@@ -176,7 +204,7 @@ class Picker:
             if e is not primary and e.ready and len(chosen) <= self._fallbacks:
                 chosen.append(e)
         if len(chosen) <= self._fallbacks:
-            rest = sorted((e for e in ready if e not in chosen), key=lambda e: e.in_flight + e.waiting)
+            rest = sorted((e for e in ready if e not in chosen), key=self._loads.load)
             chosen.extend(rest[: self._fallbacks + 1 - len(chosen)])
         return Decision(outcome, tuple(chosen))
 

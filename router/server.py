@@ -65,6 +65,8 @@ class Router:
             keys=settings.keys,
             seed=settings.seed,
             unplanned=settings.unplanned,
+            tokens_per_unit=settings.tokens_per_load_unit,
+            widen_planned=settings.widen_planned,
         )
         self.metrics = RouterMetrics(
             self.pool, sketch_size=settings.sketch_size, export_key_names=settings.export_key_names

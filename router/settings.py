@@ -10,6 +10,7 @@ from pathlib import Path
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, UNPLANNED_MODES
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE, KeyExtraction
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
+from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT
 from cacheroute.router.eventloop import EVENT_LOOPS
 
 DEFAULT_GRPC_PORT = 9002
@@ -103,6 +104,10 @@ class RouterSettings:
     spill_slack: float = DEFAULT_SPILL_SLACK
     fallbacks: int = 0
     unplanned: str = DEFAULT_UNPLANNED
+    # Token-aware load: prompt tokens in flight that weigh one request (0: requests only).
+    tokens_per_load_unit: float = DEFAULT_TOKENS_PER_LOAD_UNIT
+    # Computed routes also get their key's ring candidates (`routing.key_candidates`).
+    widen_planned: bool = False
     scrape_interval: float = 0.5
     scrape_timeout: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -134,6 +139,7 @@ class RouterSettings:
         _check_range("fallbacks", self.fallbacks, 0, 16)
         if self.unplanned not in UNPLANNED_MODES:
             raise SettingsError(f"unplanned {self.unplanned!r} is not one of {', '.join(UNPLANNED_MODES)}")
+        _check_range("tokens-per-load-unit", self.tokens_per_load_unit, 0, 1e9, unit=" tokens (0: requests only)")
         _check_range("scrape-interval", self.scrape_interval, 0, 3600, unit=" seconds (0 turns scraping off)")
         _check_range("scrape-timeout", self.scrape_timeout, 0, 600, open_low=True, unit=" seconds")
         _check_range("plan-poll-interval", self.plan_poll_interval, 0.01, 3600, unit=" seconds")

@@ -30,6 +30,8 @@ class RoutingTable:
     groups: tuple[tuple[int, ...], ...]
     spill_threshold: float
     key_extraction: KeyExtraction
+    # Keys someone pinned: kept to their plan entry, without their ring candidates.
+    pinned: frozenset[int] = frozenset()
 
     def __len__(self) -> int:
         return len(self.routes)
@@ -79,6 +81,7 @@ def build_table(plan: Plan, version: str) -> RoutingTable:
         groups=tuple(groups),
         spill_threshold=plan.spill_threshold,
         key_extraction=plan.key_extraction,
+        pinned=frozenset(plan.pinned_keys.tolist()),
     )
 
 

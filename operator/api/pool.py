@@ -86,6 +86,15 @@ class GpuSpec(ApiModel):
         default="nvidia.com/gpu", min_length=1, max_length=253, description="Extended resource requested per GPU."
     )
     count_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on one node of this product.")
+    node_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=65536,
+        description=(
+            "Allocatable memory of one node of this product, for memory.hostKvCacheGib auto; "
+            "when unset, auto leaves the host KV tier off (the memory plan says so in its notes)."
+        ),
+    )
 
 
 class MemorySpec(ApiModel):
@@ -106,6 +115,23 @@ class MemorySpec(ApiModel):
     )
     safety_margin_gib: float = Field(default=1.0, ge=0, le=64, description="Memory kept free above the predicted peak.")
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1, description="Required in Manual mode.")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto",
+        description="KV cache entries: auto (the model's dtype) or fp8 (--kv-cache-dtype fp8: half the bytes).",
+    )
+    host_kv_cache_gib: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
+        default="auto",
+        description=(
+            "Host-memory KV tier of each replica in GiB (vLLM's native KV offloading; 0 turns it off), or auto: "
+            "the replica's share of the node's allocatable memory minus hostMemoryReserveGib per GPU."
+        ),
+    )
+    host_memory_reserve_gib: float = Field(
+        default=32.0,
+        ge=0,
+        le=4096,
+        description="Host memory kept per GPU for the engine's own processes when hostKvCacheGib is auto.",
+    )
 
 
 class RouterSpec(ApiModel):
@@ -192,6 +218,14 @@ class MemoryPlanStatus(ApiModel):
     max_model_len: int = Field(ge=0, description="--max-model-len.")
     max_num_seqs: int = Field(ge=0, description="--max-num-seqs.")
     kv_capacity_tokens: int = Field(ge=0, description="KV cache capacity of one replica, in tokens.")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(default="auto", description="--kv-cache-dtype.")
+    host_kv_cache_bytes: int = Field(
+        default=0, ge=0, description="--kv-offloading-size in bytes: the host-memory KV tier of one replica."
+    )
+    host_kv_capacity_tokens: int = Field(default=0, ge=0, description="Host-memory KV tier of one replica, in tokens.")
+    pod_memory_bytes: int = Field(
+        default=0, ge=0, description="Host memory an engine pod needs: the host tier plus the reserve of its GPUs."
+    )
     source: Literal["Profiled", "Analytic", "Manual"] = Field(description="Where the plan came from.")
     inputs: dict[str, str] = Field(default_factory=dict, description="What the plan was computed from.")
 

@@ -39,7 +39,8 @@ PLAN_HELP = "\n\n".join(
         "columns are means per request; prefix_tokens is the stable prefix a later request of the same key can "
         "reuse. A row with an empty key describes the traffic without a key.",
         "Destinations are --destinations N identical replicas <pool>-0 .. <pool>-(N-1), or --destinations-file: "
-        "YAML or JSON, a list (or an object with a destinations list) of {id, address, weight, kvCapacityTokens}.",
+        "YAML or JSON, a list (or an object with a destinations list) of {id, address, weight, kvCapacityTokens, "
+        "hostKvCapacityTokens}.",
         '-o json writes {"version", "pool", "binaryData": {file: base64 of gzip}, "configMaps": [{"name", '
         '"binaryData"}]}: each configMaps entry is the binaryData of one ConfigMap. -o yaml writes a Manual '
         "AffinityPlan whose pinned routes are the plan, keys in clear, for review in Git. -o table prints a summary.",
@@ -74,7 +75,7 @@ def parse_budget_tokens(text: str) -> int | Literal["auto"]:
 def _destination(obj: object, where: str) -> Destination:
     if not isinstance(obj, Mapping):
         raise CliInputError(f"{where}: expected an object with id, address, weight, kvCapacityTokens")
-    unknown = set(obj) - {"id", "address", "weight", "kvCapacityTokens"}
+    unknown = set(obj) - {"id", "address", "weight", "kvCapacityTokens", "hostKvCapacityTokens"}
     if unknown:
         raise CliInputError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
     if not isinstance(obj.get("id"), str) or not obj["id"]:
@@ -86,10 +87,13 @@ def _destination(obj: object, where: str) -> Destination:
         raise CliInputError(f"{where}: weight must be a number, got {weight!r}")
     if isinstance(kv, bool) or not isinstance(kv, int):
         raise CliInputError(f"{where}: kvCapacityTokens must be an integer, got {kv!r}")
+    host = obj.get("hostKvCapacityTokens", 0)
+    if isinstance(host, bool) or not isinstance(host, int):
+        raise CliInputError(f"{where}: hostKvCapacityTokens must be an integer, got {host!r}")
     if not isinstance(address, str):
         raise CliInputError(f"{where}: address must be a string (ip:port or host:port), got {address!r}")
     try:
-        return Destination(obj["id"], address, float(weight), kv)
+        return Destination(obj["id"], address, float(weight), kv, host)
     except OverflowError:
         raise CliInputError(f"{where}: weight {weight!r} is not a finite number") from None
 

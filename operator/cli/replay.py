@@ -226,6 +226,13 @@ def register(app: typer.Typer) -> None:
         kv_capacity_tokens: Annotated[
             int | None, typer.Option(min=1, max=1 << 40, help="KV tokens per destination (default: the profile's)")
         ] = None,
+        host_kv_capacity_tokens: Annotated[
+            int,
+            typer.Option(
+                min=0, max=1 << 40,
+                help="KV tokens of each destination's host-memory tier (vLLM --kv-offloading-size; 0: none)",
+            ),
+        ] = 0,
         warmup: Annotated[
             float, typer.Option(min=0.0, max=0.99, help="share of requests left out of the figures")
         ] = 0.1,
@@ -255,6 +262,8 @@ def register(app: typer.Typer) -> None:
                 if kv_capacity_tokens <= 0:
                     raise ReplayInputError(f"--kv-capacity-tokens must be positive, got {kv_capacity_tokens}")
                 prof = prof.with_kv_capacity(kv_capacity_tokens)
+            if host_kv_capacity_tokens:
+                prof = prof.with_host_tier(host_kv_capacity_tokens)
             planner = PlannerSettings(control_period_s=plan_period, window_s=plan_window)
             rates = parse_qps_list(qps) if qps is not None else None
             cfg = ReplayConfig(destinations=destinations, profile=prof, warmup_fraction=warmup, seed=seed)
@@ -269,7 +278,8 @@ def register(app: typer.Typer) -> None:
             f"{stats.distinct_keys:,} keys, top {stats.top_keys_fraction:.0%} of keys carry "
             f"{stats.top_keys_request_share:.1%} of requests, {stats.multi_turn_request_share:.1%} in multi-turn "
             f"threads, ideal KV reuse {stats.ideal_token_reuse:.1%}; {destinations} x {prof.name} "
-            f"({prof.kv_capacity_tokens:,} KV tokens each)"
+            f"({prof.kv_capacity_tokens:,} KV tokens each"
+            + (f", {prof.host_kv_capacity_tokens:,} in host memory)" if prof.host_kv_capacity_tokens else ")")
         )
 
         def factory(name: str) -> Callable[[], Any]:

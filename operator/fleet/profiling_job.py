@@ -110,22 +110,31 @@ def resolve_architecture(spec: InferencePoolSpec, config_json: Mapping[str, Any]
     )
 
 
-def plan_request_for_pool(spec: InferencePoolSpec, arch: ModelArchitecture) -> PlanRequest:
-    """The planner's request for an InferencePool spec."""
+def plan_request_for_pool(
+    spec: InferencePoolSpec, arch: ModelArchitecture, node_memory_gib: float | None = None
+) -> PlanRequest:
+    """The planner's request for an InferencePool spec; `node_memory_gib` is the allocatable memory of
+    the pool's nodes as the operator observed it (`spec.gpu.nodeMemoryGib` otherwise)."""
     known = next((g for g in GPUS.values() if g.product_label == spec.gpu.product), None)
     gpu = known or custom_gpu(spec.gpu.memory_gib, spec.gpu.product, spec.gpu.count_per_node)
     if known is not None and known.count_per_node != spec.gpu.count_per_node:
         gpu = custom_gpu(known.total_gib, known.product_label, spec.gpu.count_per_node)
     mnbt = spec.memory.max_num_batched_tokens
+    host = spec.memory.host_kv_cache_gib
+    node_memory = node_memory_gib if node_memory_gib is not None else spec.gpu.node_memory_gib
     return PlanRequest(
         model=arch,
         gpu=gpu,
         quantization=spec.model.quantization,
         tp=spec.tensor_parallel_size,
+        kv_cache_dtype=spec.memory.kv_cache_dtype,
         max_model_len=spec.memory.max_model_len,
         mnbt=None if mnbt == "auto" else mnbt,
         safety_margin_bytes=int(spec.memory.safety_margin_gib * GIB),
         prefix_caching=spec.prefix_caching,
+        host_kv="auto" if host == "auto" else (host * GIB or None),
+        node_memory_bytes=int(node_memory * GIB) if node_memory is not None else None,
+        host_reserve_bytes_per_gpu=int(spec.memory.host_memory_reserve_gib * GIB),
     )
 
 

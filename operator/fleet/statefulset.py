@@ -31,6 +31,27 @@ def startup_failures(startup_timeout: str, period: int) -> int:
     return max(1, math.ceil(parse_duration(startup_timeout) / period))
 
 
+def memory_request(plan: MemoryPlan, defaults: EngineDefaults) -> str:
+    """The engine's host memory request: the configured one, or what a host KV tier needs when
+    that is more (the tier is pinned memory the scheduler must find on the node)."""
+    if not plan.host.bytes:
+        return defaults.memory_request
+    need_gib = math.ceil(plan.host.pod_memory_bytes / 2**30)
+    return f"{need_gib}Gi" if need_gib > _gib(defaults.memory_request) else defaults.memory_request
+
+
+def _gib(quantity: str) -> float:
+    """GiB of a Kubernetes memory quantity in Gi/Mi/G/M or bytes (what the config accepts)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    try:
+        for suffix in sorted(units, key=len, reverse=True):
+            if quantity.endswith(suffix):
+                return float(quantity[: -len(suffix)]) * units[suffix] / 2**30
+        return float(quantity) / 2**30
+    except ValueError:
+        return 0.0  # a form this does not read: the tier's need wins
+
+
 def engine_container(spec: InferencePoolSpec, plan: MemoryPlan, defaults: EngineDefaults) -> dict[str, Any]:
     gpus = str(spec.tensor_parallel_size)
     period = defaults.probe_period_seconds
@@ -45,7 +66,9 @@ def engine_container(spec: InferencePoolSpec, plan: MemoryPlan, defaults: Engine
         ],
         "ports": [{"name": names.ENGINE_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}],
         "resources": {
-            "requests": {spec.gpu.resource_name: gpus, "cpu": defaults.cpu_request, "memory": defaults.memory_request},
+            "requests": {
+                spec.gpu.resource_name: gpus, "cpu": defaults.cpu_request, "memory": memory_request(plan, defaults)
+            },
             "limits": {spec.gpu.resource_name: gpus},
         },
         # Loading a large model takes minutes: liveness and readiness only start once this passes.

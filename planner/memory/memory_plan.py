@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cacheroute.planner.memory.candidates import Candidate
+from cacheroute.planner.memory.host import HostTier, host_tier
 from cacheroute.planner.memory.kvsize import KvCacheDtype, KvLayout
 from cacheroute.planner.memory.peak import PeakBreakdown
 from cacheroute.planner.memory.request import PlanRequest, recorded_inputs
@@ -70,6 +71,15 @@ class MemoryPlan:
     candidates: tuple[Candidate, ...]
     inputs: tuple[tuple[str, str], ...]
     notes: tuple[str, ...] = field(default=())
+    host: HostTier = field(default=HostTier(0, 0, 0, "off"))
+
+    @property
+    def host_kv_cache_bytes(self) -> int:
+        return self.host.bytes
+
+    @property
+    def host_kv_capacity_tokens(self) -> int:
+        return self.host.capacity_tokens
 
     @property
     def num_blocks(self) -> int:
@@ -93,7 +103,7 @@ class MemoryPlan:
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.mamba_ssm_dtype is not None and self.layout.hybrid:
             args += ["--mamba-ssm-cache-dtype", self.mamba_ssm_dtype]
-        return args
+        return args + self.host.vllm_args()
 
     def to_status(self) -> dict[str, Any]:
         """The fields of InferencePool `status.memoryPlan`, by their Python names."""
@@ -103,6 +113,10 @@ class MemoryPlan:
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "kv_capacity_tokens": self.kv_capacity_tokens,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "host_kv_cache_bytes": self.host.bytes,
+            "host_kv_capacity_tokens": self.host.capacity_tokens,
+            "pod_memory_bytes": self.host.pod_memory_bytes,
             "source": self.source,
             "inputs": dict(self.inputs),
         }
@@ -120,6 +134,11 @@ class MemoryPlan:
             "maxModelLen": self.max_model_len,
             "maxNumSeqs": self.max_num_seqs,
             "kvCapacityTokens": self.kv_capacity_tokens,
+            "kvCacheDtype": self.kv_cache_dtype,
+            "hostKvCacheBytes": self.host.bytes,
+            "hostKvCapacityTokens": self.host.capacity_tokens,
+            "hostKvSource": self.host.source,
+            "podMemoryBytes": self.host.pod_memory_bytes,
             "maxRequestTokens": self.max_request_tokens,
             "gpuMemoryUtilization": self.gpu_memory_utilization,
             "breakdownBytes": {name: value for name, value in b.rows()} | {"total": b.total},
@@ -197,6 +216,16 @@ def build_plan(
         peak=over.peak,
     )
     plan_notes = list(notes)
+    host = host_tier(
+        request.model,
+        layout,
+        size=request.host_kv,
+        gpus_per_node=request.gpu.count_per_node,
+        node_memory_bytes=request.node_memory_bytes,
+        reserve_bytes_per_gpu=request.host_reserve_bytes_per_gpu,
+    )
+    if host.note:
+        plan_notes.append(host.note)
     if layout.hybrid and request.max_num_seqs is None and chosen.max_num_seqs < request.gpu.default_max_num_seqs:
         plan_notes.append(
             f"max-num-seqs lowered to {chosen.max_num_seqs} so the recurrent state of every running sequence "
@@ -220,4 +249,5 @@ def build_plan(
         candidates=candidates,
         inputs=recorded_inputs(request, extra_inputs or {}),
         notes=tuple(plan_notes),
+        host=host,
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from cacheroute.planner.memory.architecture import ModelArchitecture, Quantization
 from cacheroute.planner.memory.errors import MemoryPlanError
 from cacheroute.planner.memory.gpus import GIB, GpuModel
+from cacheroute.planner.memory.host import DEFAULT_HOST_RESERVE_BYTES_PER_GPU, HostKvSize
 from cacheroute.planner.memory.kvsize import KvCacheDtype, KvLayout, MambaCacheMode, kv_layout
 from cacheroute.planner.memory.peak import PeakOptions
 
@@ -24,7 +25,11 @@ DEFAULT_STATE_SHARE = 0.5
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """What to plan for. `max_model_len=None` means the model's native length, as vLLM defaults."""
+    """What to plan for. `max_model_len=None` means the model's native length, as vLLM defaults.
+
+    `host_kv` is the host-memory KV tier of one replica (`host.py`): bytes over its TP ranks,
+    `auto` (from `node_memory_bytes`, one node's allocatable memory), or None for none.
+    """
 
     model: ModelArchitecture
     gpu: GpuModel
@@ -46,6 +51,9 @@ class PlanRequest:
     kv_tolerance: float = 0.0
     state_share: float = DEFAULT_STATE_SHARE
     peak_options: PeakOptions = field(default_factory=PeakOptions)
+    host_kv: HostKvSize = None
+    node_memory_bytes: int | None = None
+    host_reserve_bytes_per_gpu: int = DEFAULT_HOST_RESERVE_BYTES_PER_GPU
 
     @property
     def tp_limit(self) -> int:
@@ -94,6 +102,13 @@ def validate_request(request: PlanRequest) -> None:
         raise MemoryPlanError(f"state_share must be in (0, 1], got {request.state_share}")
     if request.weights_bytes is not None and request.weights_bytes <= 0:
         raise MemoryPlanError(f"weights override must be positive, got {request.weights_bytes} bytes")
+    host = request.host_kv
+    if host is not None and host != "auto" and (isinstance(host, bool) or not isinstance(host, int) or host < 0):
+        raise MemoryPlanError(f"host KV cache must be auto or a number of bytes >= 0, got {host!r}")
+    if request.node_memory_bytes is not None and request.node_memory_bytes <= 0:
+        raise MemoryPlanError(f"node memory must be positive, got {request.node_memory_bytes} bytes")
+    if request.host_reserve_bytes_per_gpu < 0:
+        raise MemoryPlanError(f"host memory reserve must not be negative, got {request.host_reserve_bytes_per_gpu}")
 
 
 def layout_for(request: PlanRequest) -> KvLayout:
@@ -121,6 +136,11 @@ def recorded_inputs(request: PlanRequest, extra: Mapping[str, str]) -> tuple[tup
         "prefixCaching": str(request.prefix_caching).lower(),
         "memoryModel": MODEL_VERSION,
     }
+    if request.host_kv is not None:
+        base["hostKvCache"] = str(request.host_kv)
+        base["hostReserveBytesPerGpu"] = str(request.host_reserve_bytes_per_gpu)
+        if request.node_memory_bytes is not None:
+            base["nodeMemoryBytes"] = str(request.node_memory_bytes)
     if arch.is_hybrid:
         base["mambaCacheMode"] = request.cache_mode
         base["stateShare"] = str(request.state_share)

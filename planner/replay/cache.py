@@ -9,11 +9,18 @@ reverse order for the same reason).
 
 Capacity is in tokens: pinned blocks x block size + private tokens of running sequences (their
 output, reserved at admission) + free cached blocks x block size never exceeds it.
+
+Optionally a second tier in host memory (vLLM's native KV offloading, `--kv-offloading-backend
+native --kv-offloading-size`): a block evicted from the GPU is kept in pinned CPU memory, least
+recently used first out; a prompt whose cached run continues in host memory past the GPU's
+blocks counts those blocks as hits too, and the engine pays for copying them back
+(`Engine`, `EngineProfile.host_copy_s_per_token`). A block copied back stays in host memory as
+well (the host tier is touched, not emptied, by a load).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 
@@ -28,14 +35,25 @@ class PrefixCache:
     entry per release keep this, the replay's innermost loop, cheap.
     """
 
-    __slots__ = ("_clock", "_cursor", "_fifo", "block_size", "capacity_tokens", "n_free", "pinned_tokens",
-                 "state")
+    __slots__ = ("_clock", "_cursor", "_fifo", "block_size", "capacity_tokens", "host", "host_blocks", "ideal",
+                 "loaded", "n_free", "pinned_tokens", "state")
 
-    def __init__(self, capacity_tokens: int, block_size: int) -> None:
+    def __init__(self, capacity_tokens: int, block_size: int, host_capacity_tokens: int = 0,
+                 ideal: set[int] | None = None) -> None:
         if capacity_tokens <= 0 or block_size <= 0:
             raise ValueError("cache capacity and block size must be positive")
+        if host_capacity_tokens < 0:
+            raise ValueError("host cache capacity must not be negative")
         self.capacity_tokens = capacity_tokens
         self.block_size = block_size
+        # The host tier: blocks in LRU order (oldest first); None when there is none.
+        self.host_blocks = host_capacity_tokens // block_size
+        self.host: OrderedDict[int, None] | None = OrderedDict() if self.host_blocks > 0 else None
+        # Blocks the last `admit` found in host memory only (to be copied back).
+        self.loaded = 0
+        # The ideal cache (a bound, not a model): every block any destination ever computed, shared
+        # by all destinations and never evicted; hits come from it alone.
+        self.ideal = ideal
         self.state: dict[int, int] = {}
         self.n_free = 0
         self._fifo: deque[tuple[int, Sequence[int]]] = deque()
@@ -46,6 +64,9 @@ class PrefixCache:
 
     def cached_tokens(self) -> int:
         return len(self.state) * self.block_size
+
+    def host_tokens(self) -> int:
+        return len(self.host) * self.block_size if self.host is not None else 0
 
     def usage(self) -> float:
         """Share of the capacity held by running sequences (vLLM's kv_cache_usage_perc / 100)."""
@@ -75,7 +96,8 @@ class PrefixCache:
         """Pin a prompt's blocks plus `private_tokens`; return the number of leading hit blocks.
 
         Blocks of one prompt are distinct (prefix chaining guarantees it). Returns -1 and changes
-        nothing when the request does not fit next to the pinned blocks.
+        nothing when the request does not fit next to the pinned blocks. Hits include blocks found
+        only in host memory; `loaded` says how many of them were (what has to be copied back).
         """
         state = self.state
         bs = self.block_size
@@ -94,12 +116,20 @@ class PrefixCache:
         counting = True
         to_pin = 0
         revived = 0
+        host = self.host
+        loaded = 0
         for b in blocks:
             c = get(b)
             if c is None:
                 state[b] = 1
                 to_pin += 1
-                counting = False
+                if counting:
+                    if host is not None and b in host:
+                        host.move_to_end(b)
+                        loaded += 1
+                        hit += 1
+                    else:
+                        counting = False
             elif c > 0:
                 state[b] = c + 1
                 if counting:
@@ -110,6 +140,16 @@ class PrefixCache:
                 revived += 1
                 if counting:
                     hit += 1
+        self.loaded = loaded
+        ideal = self.ideal
+        if ideal is not None:
+            hit = 0
+            for b in blocks:
+                if b not in ideal:
+                    break
+                hit += 1
+            self.loaded = 0
+            ideal.update(blocks)
         self.n_free -= revived
         self.pinned_tokens += to_pin * bs + private_tokens
         excess = self.pinned_tokens + self.n_free * bs - cap
@@ -124,6 +164,7 @@ class PrefixCache:
         bs = self.block_size
         evicted = 0
         j = self._cursor
+        host = self.host
         while excess > 0:
             t, blocks = fifo[0]
             if j < 0:
@@ -136,12 +177,23 @@ class PrefixCache:
                     del state[b]
                     evicted += 1
                     excess -= bs
+                    if host is not None:
+                        # Offloaded: the most recently used block of the host tier.
+                        if b in host:
+                            host.move_to_end(b)
+                        else:
+                            host[b] = None
                     if excess <= 0:
                         break
             if j < 0:
                 fifo.popleft()
         self._cursor = j
         self.n_free -= evicted
+        if host is not None:
+            over = len(host) - self.host_blocks
+            popitem = host.popitem
+            for _ in range(over):
+                popitem(last=False)
 
     def release(self, blocks: Sequence[int], private_tokens: int) -> None:
         """Unpin what `admit` pinned; blocks nobody uses any more become free, tail first."""

@@ -6,7 +6,9 @@ waiting requests admitted in arrival order (chunked prefill). A waiting request 
 its prompt blocks and its output fit in the KV cache next to the pinned blocks of the running
 sequences; otherwise it and everything behind it waits (FCFS head of line, as vLLM's FCFS policy).
 The output is reserved at admission, so no running sequence is ever preempted (vLLM would
-preempt and recompute instead; reserving is the conservative equivalent).
+preempt and recompute instead; reserving is the conservative equivalent). Prompt blocks found in
+the host-memory tier (`cache.py`) are copied back during the step that admits the request, which
+lasts that much longer (`EngineProfile.host_copy_s_per_token`).
 
 Decode-only stretches are simulated in one event: between two arrivals or completions the batch
 is constant, so the duration of m steps is an arithmetic series (the KV read grows by one token
@@ -33,7 +35,7 @@ class RequestTable:
     element access on lists is several times faster than on numpy arrays in the event loop)."""
 
     __slots__ = (
-        "arrival", "blocks_of", "dest", "done", "finish", "first", "hit", "inp", "kvb", "out", "rem",
+        "arrival", "blocks_of", "dest", "done", "finish", "first", "hit", "inp", "kvb", "loaded", "out", "rem",
         "start",
     )
 
@@ -46,7 +48,8 @@ class RequestTable:
         self.start = [math.nan] * n  # first scheduled (admitted)
         self.first = [math.nan] * n  # first output token
         self.finish = [math.nan] * n
-        self.hit = [0] * n  # prompt tokens served from the prefix cache
+        self.hit = [0] * n  # prompt tokens served from the prefix cache (either tier)
+        self.loaded = [0] * n  # of those, tokens copied back from the host tier
         self.rem = [0] * n  # prompt tokens still to prefill
         self.done = [0] * n  # prompt tokens whose KV exists (hits + prefilled)
         self.kvb = [0] * n  # decode KV-read offset: context at step s is kvb + s
@@ -55,7 +58,7 @@ class RequestTable:
 
 class Engine:
     __slots__ = (
-        "block_size", "budget", "busy_s", "c_attn", "c_compute", "c_kv", "c_overhead", "c_weight", "cache",
+        "block_size", "budget", "busy_s", "c_attn", "c_compute", "c_copy", "c_kv", "c_overhead", "c_weight", "cache",
         "chunks", "dec_heap", "get_blocks", "idx",
         "kv_base", "m_alpha", "m_beta", "m_start", "m_steps", "max_seqs", "mode", "n_dec",
         "n_running", "prefilling", "profile", "req", "step_no", "steps", "t_end", "tokens",
@@ -75,7 +78,8 @@ class Engine:
         self.c_compute = profile.compute_s_per_token
         self.c_attn = profile.attention_s_per_pair
         self.c_kv = profile.kv_read_s_per_token
-        self.cache = PrefixCache(profile.kv_capacity_tokens, block_size)
+        self.c_copy = profile.host_copy_s_per_token
+        self.cache = PrefixCache(profile.kv_capacity_tokens, block_size, profile.host_kv_capacity_tokens)
         self.req = req
         self.get_blocks = get_blocks  # callable: request index -> list of block ids
         self.waiting: deque[int] = deque()
@@ -217,6 +221,7 @@ class Engine:
         done = req.done
         prefill = 0
         pairs = 0.0
+        copied = 0
         for r in self.prefilling:
             if budget <= 0:
                 break
@@ -251,6 +256,11 @@ class Engine:
                 n_in = inp[r]
                 if h >= n_in:
                     h = n_in - 1
+                if cache.loaded:
+                    # Host-tier blocks come back before this step computes anything.
+                    c = min(cache.loaded * bs, h)
+                    req.loaded[r] = c
+                    copied += c
                 req.hit[r] = h
                 req.start[r] = now
                 left = n_in - h
@@ -276,6 +286,8 @@ class Engine:
             + self.c_attn * pairs
             + self.c_kv * (self.kv_base + n_dec * (self.step_no + 1))
         )
+        if copied:
+            step += self.c_copy * copied
         if prefill:
             self.mode = PREFILL
             self.t_end = now + step

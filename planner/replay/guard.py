@@ -24,7 +24,7 @@ from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Plan
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
 from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
-from cacheroute.planner.replay.planned import Planned
+from cacheroute.planner.replay.planned import CACHEROUTE_ROUTING, Planned, RoutingSettings
 from cacheroute.planner.replay.policies import PowerOfTwo
 from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.replay.window import window_from_stats
@@ -80,11 +80,12 @@ def guard(
     profile: EngineProfile = DEFAULT_PROFILE,
     settings: GuardSettings | None = None,
     seed: int = 0,
+    routing: RoutingSettings = CACHEROUTE_ROUTING,
 ) -> GuardVerdict:
     """Predict the candidate plan's KV hit and p99 TTFT on `window` and judge it (module docs).
 
     The replay has one destination per destination of the candidate plan, with `profile`'s
-    timing and KV capacity.
+    timing and KV capacity; the plans are routed as the router routes (`routing`).
     """
     s = settings or GuardSettings()
     if len(window) == 0:
@@ -94,9 +95,9 @@ def guard(
         raise ValueError("candidate plan has no destinations")
     cfg = ReplayConfig(destinations=len(ids), profile=profile, warmup_fraction=s.warmup_fraction,
                     seed=seed, destination_ids=ids)
-    cand = summarize(replay_trace(window, Planned(candidate), cfg))
+    cand = summarize(replay_trace(window, Planned(candidate, routing=routing), cfg))
     p2c = summarize(replay_trace(window, PowerOfTwo(), cfg))
-    cur = summarize(replay_trace(window, Planned(current), cfg)) if current is not None else None
+    cur = summarize(replay_trace(window, Planned(current, routing=routing), cfg)) if current is not None else None
     limit = p2c.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
     reasons = []
     if cand.ttft_p99_s > s.slo_p99_ttft_s and cand.ttft_p99_s > p2c.ttft_p99_s:

@@ -35,6 +35,21 @@ KV capacity follows vLLM's budget (`reference/vllm_memory.md` §1): per GPU,
 `total * gpu_memory_utilization - weights - activation/graph/runtime overheads`, divided by the
 per-GPU bytes of one token of KV. The default (bf16 KV, vLLM's `--kv-cache-dtype auto`) is
 ~232k tokens per destination; with `--kv-cache-dtype fp8` it doubles (`PROFILES`).
+
+Host-memory KV tier (vLLM's native offloading, `--kv-offloading-size`): `host_kv_capacity_tokens`
+more tokens of prefix cache in pinned CPU memory (0: none, vLLM's default). A hit there is
+copied back at `kv_bytes_per_token_per_gpu / host_link_bytes_per_s` seconds per token: every GPU
+of the replica copies its own share of each token over its own link, in parallel. For H100 SXM
+(HGX boards) the link is PCIe Gen5 x16, 64 GB/s per direction, and the two GPUs of a TP=2 pair
+hang off one PCIe switch whose x16 uplink to the CPU they share: `H100_HOST_LINK_BYTES_PER_S`
+= 25 GB/s per GPU (half of the ~50 GB/s a pinned x16 copy reaches). At 160 KiB per token per GPU
+(bf16 KV) that is 6.6 us per token, 3.3 us in fp8, against ~75 us to recompute one.
+
+The copy is charged to the engine step that admits the request, in full: nothing else runs
+meanwhile. vLLM issues the copies asynchronously on their own CUDA stream, meant to overlap
+with compute, but H100 traces of its CPU offloading connector show decode steps slowing down by
+more than the copy while host-to-device DMA runs; charging the whole copy is the conservative
+end of that range.
 """
 
 from __future__ import annotations
@@ -56,6 +71,8 @@ LLAMA33_70B_TP2_RUNTIME_OVERHEAD_GIB = 3.5
 # KV bytes per token per GPU at TP=2: 2 (K, V) x 8 KV heads / 2 ranks x 128 dims x 80 layers.
 LLAMA33_70B_TP2_KV_BYTES_BF16 = 2 * 4 * 128 * 80 * 2
 LLAMA33_70B_TP2_KV_BYTES_FP8 = 2 * 4 * 128 * 80 * 1
+# Host-to-device bandwidth of one H100 SXM GPU for KV copies (module docstring).
+H100_HOST_LINK_BYTES_PER_S = 25e9
 
 
 def kv_capacity_tokens(
@@ -92,6 +109,10 @@ class EngineProfile:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 1024
     description: str = ""
+    # The host-memory tier (0 tokens: none) and what a copy back from it costs.
+    host_kv_capacity_tokens: int = 0
+    kv_bytes_per_token_per_gpu: int = 0
+    host_link_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("step_overhead_s", "weight_read_s", "compute_s_per_token",
@@ -102,6 +123,19 @@ class EngineProfile:
             raise ValueError(f"profile {self.name}: kv_capacity_tokens must be positive")
         if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
             raise ValueError(f"profile {self.name}: batch limits must be positive")
+        if self.host_kv_capacity_tokens < 0 or self.kv_bytes_per_token_per_gpu < 0 or self.host_link_bytes_per_s < 0:
+            raise ValueError(f"profile {self.name}: host tier figures must not be negative")
+        if self.host_kv_capacity_tokens and not (self.kv_bytes_per_token_per_gpu and self.host_link_bytes_per_s):
+            raise ValueError(
+                f"profile {self.name}: a host KV tier needs the KV bytes per token and the host link bandwidth"
+            )
+
+    @property
+    def host_copy_s_per_token(self) -> float:
+        """Seconds to copy one token of KV back from host memory (0 without a host tier)."""
+        if not self.host_kv_capacity_tokens:
+            return 0.0
+        return self.kv_bytes_per_token_per_gpu / self.host_link_bytes_per_s
 
     def prefill_time(self, tokens: int, context: int = 0) -> float:
         """Seconds of compute to prefill `tokens` new tokens after `context` cached ones."""
@@ -111,6 +145,10 @@ class EngineProfile:
 
     def with_kv_capacity(self, tokens: int) -> EngineProfile:
         return replace(self, kv_capacity_tokens=tokens)
+
+    def with_host_tier(self, tokens: int) -> EngineProfile:
+        """This profile with `tokens` of host-memory KV (0: none)."""
+        return replace(self, host_kv_capacity_tokens=tokens)
 
 
 
@@ -125,6 +163,8 @@ H100_LLAMA33_70B_FP8_TP2 = EngineProfile(
         kv_bytes_per_token_per_gpu=LLAMA33_70B_TP2_KV_BYTES_BF16,
     ),
     description="Llama-3.3-70B FP8 weights, bf16 KV (vLLM default), TP=2 on 2 x H100 SXM 80GB",
+    kv_bytes_per_token_per_gpu=LLAMA33_70B_TP2_KV_BYTES_BF16,
+    host_link_bytes_per_s=H100_HOST_LINK_BYTES_PER_S,
     step_overhead_s=0.0040,
     weight_read_s=0.0143,
     compute_s_per_token=73e-6,
@@ -142,6 +182,8 @@ H100_LLAMA33_70B_FP8_TP2_FP8KV = EngineProfile(
         kv_bytes_per_token_per_gpu=LLAMA33_70B_TP2_KV_BYTES_FP8,
     ),
     description="as h100-llama3.3-70b-fp8-tp2 with --kv-cache-dtype fp8 (half the KV bytes)",
+    kv_bytes_per_token_per_gpu=LLAMA33_70B_TP2_KV_BYTES_FP8,
+    host_link_bytes_per_s=H100_HOST_LINK_BYTES_PER_S,
     step_overhead_s=H100_LLAMA33_70B_FP8_TP2.step_overhead_s,
     weight_read_s=H100_LLAMA33_70B_FP8_TP2.weight_read_s,
     compute_s_per_token=H100_LLAMA33_70B_FP8_TP2.compute_s_per_token,

@@ -1,10 +1,14 @@
 """Routing by a plan (`planned`) and CacheRoute itself: a plan recomputed every control period.
 
 Both route by the router's rule (`cacheroute.planner.routing`, the same code the router runs):
-planned keys to the least loaded of their destinations with bounded-affinity spill, unplanned keys
+planned keys to the least loaded of their candidates with bounded-affinity spill, unplanned keys
 by key-seeded p2c (`unplanned="key-p2c"`, the default) or random p2c (`unplanned="p2c"`, as the
-report does), keyless requests by p2c. Load is the router's in-flight count plus the queue depth
-the destination reports (`EngineLoads`).
+report does), keyless requests by p2c; with `RoutingSettings.follow_prefixes` (a replay
+experiment: the router has no such memory), a request follows the longest prefix of it the policy
+routed before (`prefixes.PrefixMemory` over block ids). Load is the router's in-flight count plus the queue depth
+the destination reports, plus prompt tokens in flight when `tokens_per_unit` is set
+(`EngineLoads`, `tokenload.py`). `Planned()` with no plan and the defaults of `RoutingSettings()`
+is key-seeded p2c alone, the router's fallback for unplanned keys.
 
 `cacheroute` re-plans every `control_period_s` (60 s) from the statistics of the requests that
 arrived in the previous `window_s` (30 min) only (`keystats.key_stats_from_trace` over the past, never the
@@ -15,7 +19,7 @@ against p2c on the past window and, when it predicts no gain, the period runs on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -27,18 +31,30 @@ from cacheroute.planner.keystats import key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan
 from cacheroute.planner.planning import compute_plan
+from cacheroute.planner.prefixes import PrefixMemory, follow_target
 from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.routing import (
+    DEFAULT_FOLLOW_RATIO,
+    DEFAULT_FOLLOW_SLACK,
     DEFAULT_SPILL_SLACK,
     DEFAULT_SPILL_THRESHOLD,
+    FOLLOWED,
     PLANNED,
     SPILLED,
     RoutingRule,
+    check_follow,
     check_spill,
     ring_candidates,
 )
 from cacheroute.planner.settings import Budget, Stability
+from cacheroute.planner.tokenload import (
+    BYTES_PER_TOKEN,
+    DEFAULT_TOKENS_PER_LOAD_UNIT,
+    TokenEstimator,
+    check_tokens_per_unit,
+    uncached_tokens,
+)
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 
 DEFAULT_CONTROL_PERIOD_S = 60.0
@@ -47,23 +63,55 @@ DEFAULT_CONTROL_PERIOD_S = 60.0
 DEFAULT_WINDOW_S = 1800.0
 
 
+@dataclass(frozen=True)
+class RoutingSettings:
+    """How the router measures load (the router's `--tokens-per-load-unit`) and, in the replay
+    only, whether requests follow their longest routed prefix.
+
+    The defaults are the router's request-count load, the routing of this project before
+    token-aware load; `CACHEROUTE_ROUTING` is what the router runs by default now. Following
+    prefixes (`follow_prefixes`, `prefixes.PrefixMemory`) is a replay experiment: the router has
+    no prefix memory, so no policy the router runs may turn it on (`cacheroute-follow` does, to
+    measure it).
+    """
+
+    tokens_per_unit: float = 0.0  # 0: load counts requests only
+    follow_prefixes: bool = False
+    # Planned keys keep their ring candidates too (the router's `--widen-planned`; off: their plan
+    # entry alone, whose length the planner decides from the key's load).
+    widen_planned: bool = False
+    follow_ratio: float = DEFAULT_FOLLOW_RATIO
+    follow_slack: float = DEFAULT_FOLLOW_SLACK
+
+    def __post_init__(self) -> None:
+        check_tokens_per_unit(self.tokens_per_unit)
+        check_follow(self.follow_ratio, self.follow_slack)
+
+
+CACHEROUTE_ROUTING = RoutingSettings(tokens_per_unit=DEFAULT_TOKENS_PER_LOAD_UNIT)
+
+
 class EngineLoads:
     """The rule's view of load in the replay: the router's in-flight count plus the queue depth
-    the destination reports; the mean over every destination (all are ready in the replay)."""
+    the destination reports, plus the prompt tokens in flight over `tokens_per_unit` (0: none);
+    the mean over every destination (all are ready in the replay)."""
 
-    __slots__ = ("_engines", "_inflight", "_view")
+    __slots__ = ("_engines", "_inflight", "_tokens", "_unit", "_view")
 
-    def __init__(self, view: RouterView) -> None:
+    def __init__(self, view: RouterView, tokens_per_unit: float = 0.0) -> None:
         self._view = view
         self._inflight = view.inflight
         self._engines = view.engines
+        self._tokens = view.inflight_tokens
+        self._unit = 1.0 / tokens_per_unit if tokens_per_unit > 0 else 0.0
 
     def load(self, d: int, /) -> float:
-        return self._inflight[d] + len(self._engines[d].waiting)
+        return self._inflight[d] + len(self._engines[d].waiting) + self._tokens[d] * self._unit
 
     def mean(self) -> float:
         view = self._view
-        return (view.total_inflight + sum(len(e.waiting) for e in self._engines)) / view.n
+        queued = sum(len(e.waiting) for e in self._engines)
+        return (view.total_inflight + queued + view.total_inflight_tokens * self._unit) / view.n
 
 
 class Planned(Policy):
@@ -72,15 +120,18 @@ class Planned(Policy):
     name: ClassVar[str] = "planned"
 
     def __init__(self, plan: Plan | None = None, spill_slack: float = DEFAULT_SPILL_SLACK,
-                 unplanned: str = DEFAULT_UNPLANNED) -> None:
+                 unplanned: str = DEFAULT_UNPLANNED, routing: RoutingSettings | None = None) -> None:
         check_spill(plan.spill_threshold if plan is not None else DEFAULT_SPILL_THRESHOLD, spill_slack)
         self.fixed_plan = plan
         self.spill_slack = spill_slack
         self.unplanned = check_unplanned_mode(unplanned)
+        self.routing = routing or RoutingSettings()
 
     def describe(self) -> dict[str, object]:
+        r = self.routing
         return {"name": self.name, "spill_slack": self.spill_slack, "unplanned": self.unplanned,
-                "routes": len(self.fixed_plan) if self.fixed_plan is not None else 0}
+                "routes": len(self.fixed_plan) if self.fixed_plan is not None else 0,
+                "tokens_per_unit": r.tokens_per_unit, "follow_prefixes": r.follow_prefixes}
 
     def bind(self, view: RouterView, seed: int) -> None:
         super().bind(view, seed)
@@ -89,10 +140,25 @@ class Planned(Policy):
         self._routes: dict[int, tuple[int, ...]] = {}
         # Every destination is ready in the replay; the rule names them by index.
         self._usable = range(view.n)
-        self._loads = EngineLoads(view)
+        r = self.routing
+        self._loads = EngineLoads(view, r.tokens_per_unit)
         self._key_candidates = ring_candidates(KeyRing(view.destination_ids), self._usable, memo=True)
+        # Prompt tokens in flight are charged when load counts them.
+        self._unit = 1.0 / r.tokens_per_unit if r.tokens_per_unit > 0 else 0.0
+        self._estimator = TokenEstimator()
+        if r.tokens_per_unit > 0:
+            view.charge = [0] * len(view.trace)
+        # The router's memory of routed prefixes holds as many blocks as the fleet's KV cache.
+        self._memory: PrefixMemory | None = None
+        if r.follow_prefixes:
+            prof = view.profile
+            held = view.n * (prof.kv_capacity_tokens + prof.host_kv_capacity_tokens) // view.block_size
+            self._memory = PrefixMemory(max(1, held))
         self.planned_requests = 0
         self.spilled_requests = 0
+        self.followed_requests = 0
+        # The outcome of the latest decision (`routing.OUTCOMES`), as the router counts it.
+        self.last_outcome = ""
         self.install(self.fixed_plan)
 
     def install(self, plan: Plan | None, keys: npt.NDArray[np.int64] | None = None, *,
@@ -101,6 +167,7 @@ class Planned(Policy):
         up to those that can be in the plan (the keys of the window it was built from);
         `key_seeded` overrides the policy's way of routing unplanned keys."""
         self._routes = {}
+        self._pinned: set[int] = set()
         seeded = self.unplanned == "key-p2c" if key_seeded is None else key_seeded
         self._rule = RoutingRule(
             self._loads,
@@ -108,6 +175,9 @@ class Planned(Policy):
             spill_threshold=plan.spill_threshold if plan is not None else DEFAULT_SPILL_THRESHOLD,
             spill_slack=self.spill_slack,
             key_candidates=self._key_candidates if seeded else None,
+            follow_ratio=self.routing.follow_ratio,
+            follow_slack=self.routing.follow_slack,
+            widen_planned=self.routing.widen_planned,
         )
         if plan is None or not len(plan):
             return
@@ -131,18 +201,63 @@ class Planned(Policy):
         routes = self._routes
         for k, p in zip(cand[hit].tolist(), pos[hit].tolist(), strict=True):
             routes[k] = tuple(dests[offs[p] : offs[p + 1]].tolist())
+        if len(plan.pinned_keys):
+            pinned = set(plan.pinned_keys.tolist())
+            keys = plan.route_keys.tolist()
+            self._pinned = {k for k, p in zip(cand[hit].tolist(), pos[hit].tolist(), strict=True) if keys[p] in pinned}
 
     def route(self, i: int, now: float) -> int:
-        k = self.view.key[i]
+        view = self.view
+        k = view.key[i]
+        memory = self._memory
+        charge = view.charge
+        follow = None
+        gain = 0.0
+        blocks: list[int] = []
+        tokens = 0
+        if memory is not None or charge is not None:
+            # What the router reads off the body: its size, and the prefixes it routed before.
+            tokens = self._estimator.estimate(view.input_tokens[i] * BYTES_PER_TOKEN)
+        if memory is not None:
+            blocks = view.blocks(i)
+            depth, at = memory.match(blocks)
+            matched = min(depth * view.block_size, tokens)
+            follow = follow_target(matched, tokens, at)
+            if follow is not None:
+                gain = matched * self._unit
         if k == NO_KEY:
-            outcome, d = self._rule.choose(None, None, self._usable)
+            outcome, d = self._rule.choose(None, None, self._usable, follow=follow, follow_gain=gain)
         else:
-            outcome, d = self._rule.choose(self._hash_list[k], self._routes.get(k), self._usable)
+            outcome, d = self._rule.choose(
+                self._hash_list[k], self._routes.get(k), self._usable, follow=follow, follow_gain=gain,
+                pinned=k in self._pinned,
+            )
+        self.last_outcome = outcome
         if outcome == PLANNED:
             self.planned_requests += 1
         elif outcome == SPILLED:
             self.spilled_requests += 1
+        elif outcome == FOLLOWED:
+            self.followed_requests += 1
+        if charge is not None:
+            held = memory.held_by(blocks, d) * view.block_size if memory is not None else 0
+            c = uncached_tokens(tokens, held)
+            charge[i] = c
+            view.inflight_tokens[d] += c
+            view.total_inflight_tokens += c
+        if memory is not None:
+            memory.record(blocks, d)
         return d
+
+
+class KeySeededP2C(Planned):
+    """Key-seeded p2c alone, no plan: the router's routing of keys its plan does not hold, as a
+    per-request policy of its own (load in requests, no prefix memory)."""
+
+    name: ClassVar[str] = "key-p2c"
+
+    def __init__(self) -> None:
+        super().__init__(None)
 
 
 @dataclass(frozen=True)
@@ -177,9 +292,9 @@ class CacheRoute(Planned):
     name: ClassVar[str] = "cacheroute"
 
     def __init__(self, settings: PlannerSettings | None = None, spill_slack: float = DEFAULT_SPILL_SLACK,
-                 guard: PlanGuard | None = None) -> None:
+                 guard: PlanGuard | None = None, routing: RoutingSettings | None = None) -> None:
         self.settings = settings or PlannerSettings()
-        super().__init__(None, spill_slack, self.settings.unplanned)
+        super().__init__(None, spill_slack, self.settings.unplanned, routing or CACHEROUTE_ROUTING)
         self.guard = guard
         self.replans = 0
         self.guard_rejections = 0
@@ -195,6 +310,8 @@ class CacheRoute(Planned):
             "unplanned": self.unplanned,
             "warm_budget": s.budget.warm_tokens_per_destination,
             "guard": self.guard is not None,
+            "tokens_per_unit": self.routing.tokens_per_unit,
+            "follow_prefixes": self.routing.follow_prefixes,
         }
 
     def bind(self, view: RouterView, seed: int) -> None:
@@ -203,9 +320,17 @@ class CacheRoute(Planned):
         start = float(trace.arrival_s[0]) if len(trace) else 0.0
         self._next_plan = start + self.settings.control_period_s
         self._previous: Plan | None = None
+        profile = view.profile
         self._plan_destinations = tuple(
-            Destination(id=d, kv_capacity_tokens=view.profile.kv_capacity_tokens) for d in view.destination_ids
+            Destination(id=d, kv_capacity_tokens=profile.kv_capacity_tokens,
+                        host_kv_capacity_tokens=profile.host_kv_capacity_tokens)
+            for d in view.destination_ids
         )
+        cost = self.settings.cost
+        if profile.host_kv_capacity_tokens and not cost.host_copy_s_per_token:
+            # The planner values host-held prefixes net of the copy back this replica pays.
+            cost = replace(cost, host_copy_s_per_token=profile.host_copy_s_per_token)
+        self._cost = cost
         self.replans = 0
         self.guard_rejections = 0
 
@@ -233,7 +358,7 @@ class CacheRoute(Planned):
                 pool="replay",
                 budget=s.budget,
                 stability=s.stability,
-                cost=s.cost,
+                cost=self._cost,
                 previous=self._previous,
                 spill_threshold=s.spill_threshold,
             )

@@ -1,7 +1,8 @@
 """What a routing policy may see, and the policy interface.
 
 A policy sees what a real router sees: the request (its affinity key, prompt blocks, length), its
-own in-flight counters (incremented when it dispatches, decremented when the response ends),
+own in-flight counters (incremented when it dispatches, decremented when the response ends; also
+in prompt tokens, for the policies that charge them),
 metrics a gateway scrapes from vLLM (waiting queue depth, KV usage), time, and its own history.
 It never sees the engines' true cache contents.
 """
@@ -24,8 +25,9 @@ from cacheroute.planner.trace import RequestTrace
 
 class RouterView:
     __slots__ = (
-        "_key_hashes", "block_size", "destination_ids", "engines", "get_blocks", "inflight",
-        "input_tokens", "key", "profile", "req", "total_inflight", "trace",
+        "_key_hashes", "block_size", "charge", "destination_ids", "engines", "get_blocks", "inflight",
+        "inflight_tokens", "input_tokens", "key", "profile", "req", "total_inflight", "total_inflight_tokens",
+        "trace",
     )
 
     def __init__(self, trace: RequestTrace, engines: Sequence[Engine], req: RequestTable, *,
@@ -43,6 +45,12 @@ class RouterView:
         self.input_tokens = req.inp
         self.get_blocks = get_blocks
         self._key_hashes: npt.NDArray[np.uint64] | None = None
+        # Token-aware load (`tokenload.py`): the prompt tokens each request was charged when it was
+        # dispatched (None: the policy does not count tokens), and the charges in flight per
+        # destination; the replay loop takes a request's charge back when it finishes.
+        self.charge: list[int] | None = None
+        self.inflight_tokens = [0] * len(self.engines)
+        self.total_inflight_tokens = 0
 
     @property
     def n(self) -> int:

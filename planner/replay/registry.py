@@ -6,7 +6,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from cacheroute.planner.replay.guard import GuardSettings, ReplayGuard
-from cacheroute.planner.replay.planned import CacheRoute, PlannerSettings
+from cacheroute.planner.replay.planned import (
+    CACHEROUTE_ROUTING,
+    CacheRoute,
+    KeySeededP2C,
+    PlannerSettings,
+    RoutingSettings,
+)
 from cacheroute.planner.replay.policies import (
     BoundedConsistentHash,
     LeastLoaded,
@@ -19,6 +25,10 @@ from cacheroute.planner.replay.policy import Policy
 from cacheroute.planner.replay.prefix_policies import GiePrefixScorer, Preble, PrefixTree
 
 PolicyFactory = Callable[[], Policy]
+# The routing of the report (planned keys pinned, the rest on random p2c), and this project's routing
+# before token-aware load (planned keys pinned, unplanned keys on key-seeded p2c); load in requests.
+REPORT_ROUTING = RoutingSettings()
+BEFORE_ROUTING = RoutingSettings()
 
 # name -> (factory, what it is)
 POLICIES: dict[str, tuple[PolicyFactory, str]] = {
@@ -27,30 +37,51 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
     "least-loaded": (LeastLoaded, "fewest in-flight requests"),
     "p2c": (PowerOfTwo, "power of two choices on in-flight requests"),
     "sticky-hash": (StickyHash, "hash(affinity key) mod N"),
+    "key-p2c": (KeySeededP2C, "key-seeded p2c alone: the less loaded of the key's two ring candidates, no plan"),
     "chwbl": (BoundedConsistentHash, "KubeAI consistent hashing with bounded loads (256 replicas, 1.25)"),
     "prefix-tree": (PrefixTree, "SGLang cache_aware approximate prefix tree"),
     "gie-prefix": (GiePrefixScorer, "GIE EPP default scorers: prefix 3, queue 2, KV usage 2"),
     "preble": (Preble, "Preble E2 exploit/explore on a global prefix index"),
-    "cacheroute": (CacheRoute, "planned prefix affinity, re-planned every control period"),
+    "cacheroute": (CacheRoute, "planned prefix affinity, re-planned every control period; token-aware load"),
     "cacheroute-p2c": (
-        lambda: CacheRoute(PlannerSettings(unplanned="p2c")),
-        "cacheroute with unplanned keys on random p2c, as the report routes them",
+        lambda: CacheRoute(PlannerSettings(unplanned="p2c"), routing=REPORT_ROUTING),
+        "planned keys pinned to their plan entry, everything else on random p2c, load in requests: as the report",
     ),
     "cacheroute-guard": (
         lambda: CacheRoute(guard=ReplayGuard()),
         "cacheroute, falling back to p2c for a period when the guard predicts no gain",
     ),
+    "cacheroute-requests": (
+        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
+        "cacheroute with load in requests only (no prompt tokens)",
+    ),
+    "cacheroute-widen": (
+        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, widen_planned=True)),
+        "cacheroute with planned keys widened to their ring pair plus planned destinations (router --widen-planned)",
+    ),
+    "cacheroute-follow": (
+        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, follow_prefixes=True)),
+        "replay only (the router has no prefix memory): cacheroute, requests following their longest routed prefix",
+    ),
+    "cacheroute-before": (
+        lambda: CacheRoute(routing=BEFORE_ROUTING),
+        "cacheroute as routed before token-aware load: load in requests, planned keys pinned, no prefix memory",
+    ),
 }
 ALIASES = {"flat-lb": "round-robin", "rr": "round-robin", "sglang": "prefix-tree", "gie": "gie-prefix",
            "kubeai": "chwbl", "power-of-two": "p2c"}
-BASELINES = ("round-robin", "random", "least-loaded", "p2c", "sticky-hash", "chwbl", "prefix-tree",
+BASELINES = ("round-robin", "random", "least-loaded", "p2c", "sticky-hash", "key-p2c", "chwbl", "prefix-tree",
              "gie-prefix", "preble")
 CACHE_AWARE = ("prefix-tree", "gie-prefix", "preble")
-# CacheRoute policies: (guarded, how unplanned keys are routed when not the settings' own).
-_CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None]] = {
-    "cacheroute": (False, None),
-    "cacheroute-guard": (True, None),
-    "cacheroute-p2c": (False, "p2c"),
+# CacheRoute policies: (guarded, how unplanned keys are routed when not the settings' own, routing).
+_CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None, RoutingSettings]] = {
+    "cacheroute": (False, None, CACHEROUTE_ROUTING),
+    "cacheroute-guard": (True, None, CACHEROUTE_ROUTING),
+    "cacheroute-p2c": (False, "p2c", REPORT_ROUTING),
+    "cacheroute-requests": (False, None, replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
+    "cacheroute-follow": (False, None, replace(CACHEROUTE_ROUTING, follow_prefixes=True)),
+    "cacheroute-widen": (False, None, replace(CACHEROUTE_ROUTING, widen_planned=True)),
+    "cacheroute-before": (False, None, BEFORE_ROUTING),
 }
 
 
@@ -78,12 +109,13 @@ def make_policy(name: str, planner: PlannerSettings | None = None, guard: GuardS
     """A fresh policy instance (policies keep per-run state)."""
     name = ALIASES.get(name, name)
     if name in _CACHEROUTE_VARIANTS:
-        guarded, unplanned = _CACHEROUTE_VARIANTS[name]
+        guarded, unplanned, routing = _CACHEROUTE_VARIANTS[name]
         settings = planner or PlannerSettings()
         if unplanned is not None:
             settings = replace(settings, unplanned=unplanned)
         guard_settings = guard or (GuardSettings() if guarded else None)
-        return CacheRoute(settings=settings, guard=ReplayGuard(guard_settings) if guard_settings is not None else None)
+        return CacheRoute(settings=settings, guard=ReplayGuard(guard_settings) if guard_settings is not None else None,
+                          routing=routing)
     try:
         factory = POLICIES[name][0]
     except KeyError:

@@ -48,6 +48,9 @@ class ReplayConfig:
     pool: str = DEFAULT_POOL
     # Explicit destination ids (default `<pool>-<ordinal>`); their count must be `destinations`.
     destination_ids: tuple[str, ...] | None = None
+    # A bound, not a model: every destination hits every prefix any of them ever computed (one
+    # infinite cache shared by all), so routing can only change the balance.
+    ideal_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.destinations < 1:
@@ -129,6 +132,10 @@ def replay_trace(
         return blocks
 
     engines = [Engine(d, profile, trace.block_size, req, get_blocks) for d in range(cfg.destinations)]
+    if cfg.ideal_cache:
+        shared: set[int] = set()
+        for e in engines:
+            e.cache.ideal = shared
     ids = cfg.destination_ids or destination_ids(cfg.destinations, cfg.pool)
     view = RouterView(trace, engines, req, destination_ids=ids, profile=profile, get_blocks=get_blocks)
     policy.bind(view, cfg.seed)
@@ -161,6 +168,13 @@ def replay_trace(
                 k = len(finished)
                 inflight[e] -= k
                 view.total_inflight -= k
+                charge = view.charge
+                if charge is not None:
+                    c = 0
+                    for r in finished:
+                        c += charge[r]
+                    view.inflight_tokens[e] -= c
+                    view.total_inflight_tokens -= c
                 if on_finish is not None:
                     for r in finished:
                         on_finish(r, e, tt)

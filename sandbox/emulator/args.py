@@ -30,7 +30,13 @@ from cacheroute.planner.memory import (
     preset,
 )
 from cacheroute.planner.memory.presets import preset_key
-from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, PROFILES, EngineProfile, get_profile
+from cacheroute.planner.replay.hardware import (
+    DEFAULT_PROFILE,
+    H100_HOST_LINK_BYTES_PER_S,
+    PROFILES,
+    EngineProfile,
+    get_profile,
+)
 
 ENV_PREFIX = "CACHEROUTE_EMULATOR_"
 ENV_PROFILE = ENV_PREFIX + "PROFILE"
@@ -50,9 +56,6 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # the first token and the end are sent the moment the engine produces them.
 DEFAULT_STREAM_INTERVAL = 0.1
 VLLM_VERSION = "0.11.0"
-# The engine field a host-memory KV tier will use (vLLM's --kv-offloading-size); honoured as soon
-# as the replay engine's profile has it.
-HOST_KV_FIELD = "host_kv_capacity_tokens"
 
 GIB = 1 << 30
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)\s*$")
@@ -360,10 +363,12 @@ def parse_vllm_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -
             raise EmulatorArgsError("--kv-offloading-size needs the model's KV geometry (a known architecture)")
         # vLLM's size is the sum over the TP ranks, each of which holds its share of every token.
         host_tokens = int(known.kv_offloading_size * GIB / tp // bytes_per_token)
-        if HOST_KV_FIELD in {f.name for f in dataclasses.fields(profile)}:
-            profile = dataclasses.replace(profile, **{HOST_KV_FIELD: host_tokens})  # type: ignore[arg-type]
-        else:
-            notes.append("--kv-offloading-size: the replay engine has no host KV tier yet; the tier is not modelled")
+        profile = dataclasses.replace(
+            profile,
+            host_kv_capacity_tokens=host_tokens,
+            kv_bytes_per_token_per_gpu=bytes_per_token,
+            host_link_bytes_per_s=profile.host_link_bytes_per_s or H100_HOST_LINK_BYTES_PER_S,
+        )
     api_key = known.api_key or env.get("VLLM_API_KEY") or None
     return EmulatorConfig(
         model=model,

@@ -37,7 +37,7 @@ class _Table(RequestTable):
             self.out[r] = n_out
             self.dest[r] = 0
             self.start[r] = self.first[r] = self.finish[r] = math.nan
-            self.hit[r] = self.rem[r] = self.done[r] = self.kvb[r] = 0
+            self.hit[r] = self.loaded[r] = self.rem[r] = self.done[r] = self.kvb[r] = 0
             return r
         r = len(self.arrival)
         self.arrival.append(arrival)
@@ -48,6 +48,7 @@ class _Table(RequestTable):
         self.first.append(math.nan)
         self.finish.append(math.nan)
         self.hit.append(0)
+        self.loaded.append(0)
         self.rem.append(0)
         self.done.append(0)
         self.kvb.append(0)

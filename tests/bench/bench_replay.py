@@ -8,8 +8,9 @@ Run: `.venv/bin/python tests/bench/bench_replay.py [--quick]` (writes bench-resu
    (prefix-tree, gie-prefix, preble), served KV hit >= 90 %. `cacheroute-p2c` (unplanned keys on
    random p2c, as the report does) is measured alongside to show what key-seeded p2c adds.
 2. Every Mooncake trace in the shared traces folder, 8 destinations, key = first 4 blocks:
-   CacheRoute capacity >= best baseline - 5 %. Their SLO is twice the p99 TTFT of an almost idle
-   fleet: their longest prompts alone take more than 3.5 s to prefill.
+   CacheRoute capacity >= the best baseline's (issue 17; it was best - 5 %). Their SLO is twice
+   the p99 TTFT of an almost idle fleet: their longest prompts alone take more than 3.5 s to
+   prefill.
 3. `low-reuse` workload, 30 destinations: CacheRoute with the guard (p2c for a period whenever
    the guard predicts no gain) >= 0.97x p2c; CacheRoute without the guard for comparison.
 4. Speed: 1,000,000 requests over 30 destinations, p2c, median of 3 runs of process CPU time
@@ -139,7 +140,9 @@ def bench_paper(quick: bool) -> dict[str, Any]:
         "vs_best_cache_aware": {"baseline": best_aware, "ratio": ratio(cr, results[best_aware]["capacity_qps"]),
                                 "target": 1.3},
         "kv_hit": {"value": hit, "target": 0.90},
-        "vs_best_baseline": {"baseline": best_base, "ratio": ratio(cr, results[best_base]["capacity_qps"])},
+        # Issue 17: every per-request baseline counts, key-seeded p2c included.
+        "vs_best_baseline": {"baseline": best_base, "ratio": ratio(cr, results[best_base]["capacity_qps"]),
+                             "target": 1.3},
         "key_seeded_p2c_gain": {"ratio": ratio(cr, results[ABLATION]["capacity_qps"])},
     }
     for c in checks.values():
@@ -167,7 +170,8 @@ def bench_traces() -> dict[str, Any]:
         results = capacities(tr, (*BASELINES, "cacheroute", ABLATION), TRACE_DESTINATIONS, slo)
         best = max(BASELINES, key=lambda n: results[n]["capacity_qps"])
         cr = results["cacheroute"]["capacity_qps"]
-        need = 0.95 * results[best]["capacity_qps"]
+        # Issue 17: never below the best baseline.
+        need = results[best]["capacity_qps"]
         out[path.name] = {
             "requests": len(tr), "slo_p99_ttft_s": slo, "idle_ttft_p99_s": idle.ttft_p99_s, "policies": results,
             "check": {"best_baseline": best, "cacheroute_qps": cr, "required_qps": need, "met": cr >= need,

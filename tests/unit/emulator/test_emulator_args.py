@@ -109,11 +109,18 @@ def test_weights_of_another_name_take_the_architecture_of_the_served_name() -> N
     assert config.kv_capacity_tokens == parse_vllm_args([LLAMA, *flags]).kv_capacity_tokens > 50_000
 
 
-def test_kv_offloading_is_noted_until_the_engine_models_a_host_tier() -> None:
+def test_kv_offloading_gives_the_engine_a_host_tier_sized_over_the_tp_ranks() -> None:
     config = parse_vllm_args([LLAMA, "-tp", "2", "--kv-cache-memory-bytes", "8G", "--max-model-len", "32768",
                               "--kv-offloading-size", "64"])
-    assert config.host_kv_capacity_tokens == 64 * (1 << 30) // 2 // (2 * 4 * 128 * 80 * 2)
-    assert any("--kv-offloading-size" in note for note in config.notes)
+    per_gpu = 2 * 4 * 128 * 80 * 2
+    assert config.host_kv_capacity_tokens == 64 * (1 << 30) // 2 // per_gpu
+    assert config.profile.host_kv_capacity_tokens == config.host_kv_capacity_tokens
+    # Copy-back cost per token: each GPU's share of the token over its own link.
+    assert config.profile.host_copy_s_per_token == pytest.approx(per_gpu / 25e9)
+    assert not any("--kv-offloading-size" in note for note in config.notes)
+    fp8 = parse_vllm_args([LLAMA, "-tp", "2", "--kv-cache-memory-bytes", "8G", "--max-model-len", "32768",
+                           "--kv-offloading-size", "64", "--kv-cache-dtype", "fp8"])
+    assert fp8.host_kv_capacity_tokens == 2 * config.host_kv_capacity_tokens
 
 
 def test_entry_point_overrides_are_understood() -> None:

@@ -174,3 +174,26 @@ def test_gie_pool_points_at_the_router_picker(mode: str) -> None:
     expected = ("Service", "llama-router", {"number": 9002}, mode)
     assert (ref["kind"], ref["name"], ref["port"], ref["failureMode"]) == expected
     assert obj["spec"]["targetPorts"] == [{"number": 8000}]
+
+
+def test_a_host_kv_tier_reaches_the_engine_flags_and_the_pod_memory_request() -> None:
+    """hostKvCacheGib auto on a 2 TiB node: vLLM's native offloading with the replica's share of
+    the node less the reserve, and a memory request the scheduler must find for it; 0 turns it off."""
+    base = SPEC.model_dump(by_alias=True, exclude_none=True)
+    spec = InferencePoolSpec.model_validate(
+        base | {"gpu": base["gpu"] | {"nodeMemoryGib": 2048}, "memory": base["memory"] | {"kvCacheDtype": "fp8"}}
+    )
+    plan = plan_for_pool(spec, resolve_architecture(spec))
+    container = pod_spec(statefulset.build_statefulset(POOL, spec, plan, CONFIG.engine))["containers"][0]
+    args = container["args"]
+    # A TP=2 replica's quarter of 2 TiB is 512 GiB, less 32 GiB per GPU.
+    assert args[args.index("--kv-offloading-size") + 1] == "448"
+    assert args[args.index("--kv-offloading-backend") + 1] == "native"
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    assert container["resources"]["requests"]["memory"] == "512Gi"
+    assert plan.host_kv_capacity_tokens == 448 * 2**30 // (2 * 80 * 8 * 128)
+    off = InferencePoolSpec.model_validate(base | {"memory": base["memory"] | {"hostKvCacheGib": 0}})
+    plan_off = plan_for_pool(off, resolve_architecture(off))
+    container = pod_spec(statefulset.build_statefulset(POOL, off, plan_off, CONFIG.engine))["containers"][0]
+    assert "--kv-offloading-size" not in container["args"]
+    assert container["resources"]["requests"]["memory"] == CONFIG.engine.memory_request

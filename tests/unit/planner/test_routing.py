@@ -9,13 +9,19 @@ import pytest
 
 from cacheroute.planner.keyring import KeyRing
 from cacheroute.planner.routing import (
+    DEFAULT_FOLLOW_RATIO,
+    DEFAULT_FOLLOW_SLACK,
     DEFAULT_SPILL_SLACK,
     DEFAULT_SPILL_THRESHOLD,
+    FOLLOWED,
+    KEY_P2C,
     P2C,
     PLANNED,
     SPILLED,
     RoutingRule,
+    check_follow,
     check_spill,
+    key_candidates,
     ring_candidates,
 )
 
@@ -33,18 +39,21 @@ class TableLoads:
         return sum(self.loads.values()) / len(self.loads)
 
 
-def rule_for(loads: dict[str, float], *, seed: int = 1, key_seeded: bool = False, **spill: float) -> RoutingRule[str]:
+def rule_for(
+    loads: dict[str, float], *, seed: int = 1, key_seeded: bool = False, **settings: float | bool
+) -> RoutingRule[str]:
     candidates = ring_candidates(KeyRing(NAMES), NAMES) if key_seeded else None
-    return RoutingRule(TableLoads(loads), random.Random(seed).random, key_candidates=candidates, **spill)
+    return RoutingRule(TableLoads(loads), random.Random(seed).random, key_candidates=candidates, **settings)  # type: ignore[arg-type]
 
 
 def idle() -> dict[str, float]:
     return dict.fromkeys(NAMES, 0.0)
 
 
-def test_the_defaults_are_the_documented_bound() -> None:
+def test_the_defaults_are_the_documented_bounds() -> None:
     rule = rule_for(idle())
     assert (rule.spill_threshold, rule.spill_slack) == (DEFAULT_SPILL_THRESHOLD, DEFAULT_SPILL_SLACK) == (1.5, 2.0)
+    assert (rule.follow_ratio, rule.follow_slack) == (DEFAULT_FOLLOW_RATIO, DEFAULT_FOLLOW_SLACK) == (1.5, 2.0)
 
 
 def test_a_planned_key_goes_to_its_least_loaded_destination() -> None:
@@ -89,17 +98,17 @@ def test_an_unplanned_key_uses_the_less_loaded_of_its_two_ring_candidates() -> N
     key = 12345
     first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
     assert first != second
-    assert rule_for(idle(), key_seeded=True).choose(key, None, NAMES) == (P2C, first)  # tie: the first
+    assert rule_for(idle(), key_seeded=True).choose(key, None, NAMES) == (KEY_P2C, first)  # tie: the first
     busy = idle() | {first: 3.0, second: 1.0}
     # Every other destination is idle, yet only the two candidates are compared.
-    assert rule_for(busy, key_seeded=True).choose(key, None, NAMES) == (P2C, second)
+    assert rule_for(busy, key_seeded=True).choose(key, None, NAMES) == (KEY_P2C, second)
 
 
 def test_unusable_ring_candidates_are_skipped_then_plain_p2c_takes_over() -> None:
     key = 999
     first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
     rule = rule_for(idle() | {second: 9.0}, key_seeded=True)
-    assert rule.choose(key, None, NAMES, lambda d: d != first) == (P2C, second)
+    assert rule.choose(key, None, NAMES, lambda d: d != first) == (KEY_P2C, second)
     others = [d for d in NAMES if d not in (first, second)]
     seen = {rule.choose(key, None, others, lambda d: d in others)[1] for _ in range(300)}
     assert seen == set(others)
@@ -135,3 +144,57 @@ def test_memoised_ring_candidates_equal_the_ring_s_own() -> None:
     plain, memo = ring_candidates(ring, NAMES), ring_candidates(ring, NAMES, memo=True)
     for key in range(0, 10**6, 9973):
         assert plain(key) == memo(key) == memo(key) == tuple(NAMES[i] for i in ring.pair(key))
+
+
+def test_a_planned_key_keeps_its_ring_pair_and_takes_as_many_planned_destinations_as_its_entry_is_long() -> None:
+    key = 4242
+    first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
+    others = [d for d in NAMES if d not in (first, second)]
+    # One planned destination: the key is not pinned, it keeps its two ring candidates.
+    assert list(key_candidates([others[0]], (first, second))) == [first, second]
+    # Three: the ring pair and the first planned destination not in it.
+    assert list(key_candidates([first, others[0], others[1]], (first, second))) == [first, second, others[0]]
+    assert list(key_candidates(others, (first, second))) == [first, second, *others[:2]]
+    # A planned destination that is idle is taken over a loaded ring candidate when it is a candidate.
+    loads = idle() | {first: 4.0, second: 4.0}
+    rule = rule_for(loads, key_seeded=True, widen_planned=True)
+    assert rule.choose(key, [first, others[0], others[1]], NAMES) == (PLANNED, others[0])
+    # A one-destination entry: the pair decides, the planned destination is not used.
+    assert rule.choose(key, [others[0]], NAMES)[1] in (first, second)
+
+
+def test_a_pinned_rule_keeps_planned_keys_to_their_entry() -> None:
+    key = 4242
+    first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
+    other = next(d for d in NAMES if d not in (first, second))
+    rule = rule_for(idle(), key_seeded=True, widen_planned=False)
+    assert rule.choose(key, [other], NAMES) == (PLANNED, other)
+
+
+def test_a_request_follows_its_prefix_within_the_load_bound() -> None:
+    key = 77
+    first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
+    held = next(d for d in NAMES if d not in (first, second))
+    # The key's pair is idle; the destination holding the prefix carries 2: 2 <= 1.5 x 0 + 2.
+    rule = rule_for(idle() | {held: 2.0}, key_seeded=True)
+    assert rule.choose(key, None, NAMES, follow=held) == (FOLLOWED, held)
+    # Above the bound the request stays with the rule's own choice...
+    rule = rule_for(idle() | {held: 2.5}, key_seeded=True)
+    assert rule.choose(key, None, NAMES, follow=held) == (KEY_P2C, first)
+    # ...unless what it saves there (its prefix, in load units) covers the difference.
+    assert rule.choose(key, None, NAMES, follow=held, follow_gain=0.5) == (FOLLOWED, held)
+    # The bound grows with the load of the alternative: 1.5 x 4 + 2 = 8.
+    rule = rule_for(idle() | {first: 4.0, second: 4.0, held: 8.0}, key_seeded=True)
+    assert rule.choose(key, None, NAMES, follow=held) == (FOLLOWED, held)
+    # An unusable or switched-off follow target is ignored.
+    assert rule.choose(key, None, NAMES, lambda d: d != held, follow=held)[0] == KEY_P2C
+    assert rule_for(idle(), key_seeded=True, follow_ratio=0.0).choose(key, None, NAMES, follow=held)[0] == KEY_P2C
+    # Following the destination the rule picked anyway is no follow.
+    assert rule_for(idle(), key_seeded=True).choose(key, None, NAMES, follow=first) == (KEY_P2C, first)
+
+
+@pytest.mark.parametrize(("ratio", "slack"), [(-0.1, 2.0), (1.5, -1.0), (float("nan"), 1.0)])
+def test_follow_settings_out_of_range_are_refused(ratio: float, slack: float) -> None:
+    with pytest.raises(ValueError, match="follow"):
+        check_follow(ratio, slack)
+    check_follow(0.0, 0.0)

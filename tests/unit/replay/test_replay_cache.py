@@ -62,3 +62,24 @@ def test_eviction_never_touches_pinned_blocks() -> None:
     assert c.lookup([1, 2]) == 2
     assert c.lookup([3]) == 0
     assert c.usage() == 12 / 12
+
+
+def test_blocks_evicted_from_the_gpu_are_hits_from_the_host_tier_until_it_evicts_them() -> None:
+    """With a host tier, a prompt whose head was evicted from the GPU still hits, and `loaded`
+    says how many blocks must be copied back; without one the same prompt misses."""
+    for host_tokens, hit, loaded in ((0, 0, 0), (8, 2, 2)):
+        c = PrefixCache(capacity_tokens=16, block_size=4, host_capacity_tokens=host_tokens)
+        assert c.admit([1, 2], 0) == 0
+        c.release([1, 2], 0)
+        assert c.admit([3, 4, 5, 6], 0) == 0  # fills the GPU: blocks 1 and 2 are evicted
+        c.release([3, 4, 5, 6], 0)
+        assert c.lookup([1, 2]) == 0
+        assert c.admit([1, 2], 0) == hit
+        assert c.loaded == loaded
+    # The host tier is LRU too: two more evictions push the oldest blocks out of it.
+    c = PrefixCache(capacity_tokens=8, block_size=4, host_capacity_tokens=8)
+    for prompt in ([1, 2], [3, 4], [5, 6]):
+        c.admit(prompt, 0)
+        c.release(prompt, 0)
+    assert c.host_tokens() == 8
+    assert c.admit([1, 2], 0) == 0

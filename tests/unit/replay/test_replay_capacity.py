@@ -8,6 +8,7 @@ import pytest
 from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
 from cacheroute.planner.replay.capacity import find_capacity, replay_at
 from cacheroute.planner.replay.guard import GuardSettings, guard
+from cacheroute.planner.replay.planned import RoutingSettings
 from cacheroute.planner.replay.policies import PowerOfTwo
 from cacheroute.planner.replay.run import ReplayConfig, destination_ids
 from cacheroute.planner.workloads import WorkloadSpec, generate
@@ -49,12 +50,16 @@ def _plan(routes: dict[str, list[int]], n: int):
 
 
 def test_guard_rejects_a_plan_that_piles_every_key_on_one_destination(workload) -> None:
-    # Bounded spill sends most of the pile elsewhere, so the plan buys no KV hit over p2c.
+    # Routed by their plan entries (the default), bounded spill sends most of the pile elsewhere,
+    # so the plan buys no KV hit over p2c.
     window = workload.time_scaled(2.0)
     bad = _plan({k: [0] for k in window.key_names}, 4)
     v = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
     assert not v.passed
     assert "does not beat p2c" in v.reason or "worse than p2c" in v.reason
+    # Widened (router --widen-planned), every key keeps its ring pair, and the pile is gone.
+    widened = RoutingSettings(widen_planned=True)
+    assert guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=widened).passed
 
 
 def test_guard_passes_a_plan_that_spreads_keys_with_affinity(workload) -> None:

@@ -127,3 +127,25 @@ def test_abort_stops_a_replay_that_cannot_meet_the_slo(small_workload) -> None:
     assert r.aborted
     m = summarize(r)
     assert m.ttft_p99_s > 0.5 or math.isinf(m.ttft_p99_s)
+
+
+def test_a_prefix_held_in_host_memory_is_a_hit_that_pays_its_copy_back(make_trace, make_profile) -> None:
+    """The same three requests with and without a host tier: the first prompt's blocks are evicted
+    from a small GPU cache by the second; with a host tier the third request hits them and its
+    first token comes later than a GPU hit by the copy (8 tokens x 1 ms), without one it misses."""
+    from dataclasses import replace
+
+    base = make_profile(kv_capacity_tokens=16, batch_tokens=16)
+    requests = [
+        (0.0, "a", 8, 1, [1, 2]),
+        (1.0, "b", 12, 1, [3, 4, 5]),  # fills the GPU cache: blocks 1 and 2 are evicted
+        (2.0, "a", 9, 1, [1, 2, 6]),
+    ]
+    gpu_only = replay_trace(make_trace(requests), RoundRobin(), _one_destination(base))
+    host = replace(base, host_kv_capacity_tokens=64, kv_bytes_per_token_per_gpu=1000, host_link_bytes_per_s=1e6)
+    assert host.host_copy_s_per_token == pytest.approx(1e-3)
+    tiered = replay_trace(make_trace(requests), RoundRobin(), _one_destination(host))
+    assert gpu_only.hit_tokens.tolist()[2] == 0
+    assert tiered.hit_tokens.tolist()[2] == 8
+    ttft = tiered.first_token_s[2] - tiered.arrival_s[2]
+    assert ttft == pytest.approx(0.01 + 8 * 1e-3)

@@ -10,7 +10,7 @@ import pytest
 from cacheroute.planner.plan import Destination, Plan, plan_from_routes
 from cacheroute.planner.replay.engine import Engine, RequestTable
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
-from cacheroute.planner.replay.planned import CacheRoute, Planned, PlannerSettings
+from cacheroute.planner.replay.planned import CacheRoute, Planned, PlannerSettings, RoutingSettings
 from cacheroute.planner.replay.policies import BoundedConsistentHash, PowerOfTwo, StickyHash
 from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.replay.prefix_policies import GiePrefixScorer, Preble, PrefixTree
@@ -202,7 +202,7 @@ def test_a_key_with_several_destinations_goes_to_the_least_loaded_one(make_trace
     ds = [Destination(id=d) for d in destination_ids(6)]
     plan = plan_from_routes("pool", ds, {affinity_key_hash("hot"): [ds[1].id, ds[4].id]})
     trace = make_trace([(0.0, "hot", 16, 1, [1, 2, 3, 4])])
-    pol = Planned(plan)
+    pol = Planned(plan, routing=RoutingSettings(widen_planned=False))
     view = bind(pol, trace, 6)
     set_load(view, [3, 5, 3, 3, 2, 3])
     assert pol.route(0, 0.0) == 4

@@ -173,3 +173,21 @@ def test_response_usage_replaces_the_estimate() -> None:
     ex.finish()
     assert core.metrics.sketch.snapshot().keys[0].prompt_tokens == 321
     assert sample(core, "cacheroute_router_prompt_token_counts_total", source="usage") == 1
+
+
+def test_the_request_charges_its_estimated_prompt_tokens_until_it_ends_and_usage_teaches_the_ratio() -> None:
+    """Token-aware load: the endpoint carries the prompt tokens the body's size implies while the
+    request is in flight; a response's usage.prompt_tokens moves the bytes-to-tokens ratio."""
+    core = make_core()
+    ex = Exchange(core)
+    handle(ex, headers(Mode.FULL_DUPLEX_STREAMED))
+    handle(ex, body(BODY, True))
+    endpoint = core.pool.by_address[ADDRESSES[2]]
+    assert endpoint.in_flight_tokens == round(len(BODY) / 4) > 0
+    assert core.pool.tokens_ready == endpoint.in_flight_tokens
+    usage = json.dumps({"usage": {"prompt_tokens": len(BODY) // 2}}).encode()
+    handle(ex, pb.ProcessingRequest(response_body=pb.HttpBody(body=usage, end_of_stream=True)))
+    ex.finish()
+    assert endpoint.in_flight_tokens == 0 and core.pool.tokens_ready == 0
+    # One response: the plain mean of what was seen, half a token per byte.
+    assert core.estimator.ratio == pytest.approx(0.5, abs=0.01)

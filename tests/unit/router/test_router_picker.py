@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from cacheroute.planner.plan import Destination, Plan, affinity_key_hash, plan_from_routes
@@ -25,9 +27,9 @@ def plan_for(routes: dict[str, list[int]], spill_threshold: float = 1.5) -> Plan
     )
 
 
-def picker_for(plan: Plan, *, seed: int = 1, slack: float = 2.0, fallbacks: int = 0) -> Picker:
+def picker_for(plan: Plan, *, seed: int = 1, slack: float = 2.0, fallbacks: int = 0, widen: bool = False) -> Picker:
     pool = EndpointPool(scraping=False)
-    picker = Picker(pool, spill_slack=slack, fallbacks=fallbacks, seed=seed)
+    picker = Picker(pool, spill_slack=slack, fallbacks=fallbacks, seed=seed, widen_planned=widen)
     pool.set_plan_destinations(plan.destinations)
     picker.install(build_table(plan, "v1"))
     return picker
@@ -253,3 +255,50 @@ def test_random_p2c_for_unplanned_keys_when_asked() -> None:
     assert len({picker.pick(key("bob")).endpoints[0].address for _ in range(200)}) == len(ADDRESSES)
     with pytest.raises(ValueError, match="unplanned"):
         Picker(pool, unplanned="sticky")
+
+
+def test_a_computed_route_keeps_its_ring_pair_and_as_many_planned_destinations_as_it_is_long() -> None:
+    """With --widen-planned, computed routes (not pinned) widen to the key's two ring candidates,
+    then its planned destinations up to the entry's length: a one-destination key is never pinned
+    to one endpoint, a hot key planned on four keeps four candidates."""
+    plan = plan_for({"alice": [0], "hot": [0, 1, 2, 3]})
+    widened = plan
+    pinned_plan = replace(plan, pinned_keys=np.sort(plan.route_keys))
+    picker = picker_for(widened, widen=True)
+    # Equal load: the key's first ring candidate, on every replica.
+    ring_first = picker.pick(key("alice")).endpoints[0]
+    assert picker_for(widened, seed=5, widen=True).pick(key("alice")).endpoints[0].address == ring_first.address
+    # Load its two ring candidates: it moves between them only, never elsewhere.
+    seen = set()
+    for _ in range(40):
+        decision = picker.pick(key("alice"))
+        assert decision.outcome in (PLANNED, SPILLED)
+        seen.add(decision.endpoints[0].address)
+        picker.pool.acquire(decision.endpoints[0])
+    assert len(seen) >= 2
+    hot = picker_for(widened, widen=True)
+    spread = set()
+    for _ in range(40):
+        decision = hot.pick(key("hot"))
+        spread.add(decision.endpoints[0].address)
+        hot.pool.acquire(decision.endpoints[0])
+    assert len(spread) == 4
+    # The same plan with the routes pinned, or without widening, keeps alice on destination 0 alone.
+    for entry_only in (picker_for(pinned_plan, widen=True), picker_for(widened)):
+        assert {entry_only.pick(key("alice")).endpoints[0].address for _ in range(20)} == {ADDRESSES[0]}
+
+
+def test_prompt_tokens_in_flight_count_as_load() -> None:
+    """An endpoint prefilling one long prompt loses to one holding a few short requests, when load
+    is token-aware; with requests only it would win (fewer in flight)."""
+    plan = plan_for({"alice": [0, 1]})
+    for tokens_per_unit, expected in ((4096.0, ADDRESSES[1]), (0.0, ADDRESSES[0])):
+        pool = EndpointPool(scraping=False)
+        picker = Picker(pool, seed=1, tokens_per_unit=tokens_per_unit)
+        pool.set_plan_destinations(plan.destinations)
+        picker.install(build_table(plan, "v1"))
+        pool.acquire(pool.by_address[ADDRESSES[0]], 60_000)
+        for _ in range(2):
+            pool.acquire(pool.by_address[ADDRESSES[1]], 100 if picker.token_aware else 0)
+        assert picker.pick(key("alice")).endpoints[0].address == expected
+        assert pool.mean_load() > 0

@@ -1,15 +1,16 @@
 """The router decides as the replay measured: the same state and seed give the same decisions.
 
-For generated states (destinations, in-flight and queued requests on each, a plan, the spill
-settings, how unplanned keys are routed, a random seed), the router's `Picker` and the replay's
-`Planned` policy take the same sequence of requests (planned keys, unplanned keys, keyless) and
-must send every one to the same destination with the same outcome.
+For generated states (destinations, in-flight and queued requests and prompt tokens in flight on
+each, a plan, the spill settings, how unplanned keys are routed, how many prompt tokens weigh one
+request, a random seed), the router's `Picker` and the replay's `Planned` policy take the same
+sequence of requests (planned keys, unplanned keys, keyless; each of some prompt size, charged to
+the destination it goes to) and must send every one to the same destination with the same outcome.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from hypothesis import given, settings
@@ -19,10 +20,11 @@ from cacheroute.planner.keyring import UNPLANNED_MODES
 from cacheroute.planner.plan import Destination, Plan, affinity_key_hash, plan_from_routes
 from cacheroute.planner.replay.engine import Engine, RequestTable
 from cacheroute.planner.replay.hardware import EngineProfile
-from cacheroute.planner.replay.planned import Planned
+from cacheroute.planner.replay.planned import Planned, RoutingSettings
 from cacheroute.planner.replay.policy import RouterView
 from cacheroute.planner.replay.run import destination_ids
-from cacheroute.planner.routing import P2C, PLANNED, SPILLED
+from cacheroute.planner.routing import KEY_P2C, P2C, PLANNED, SPILLED
+from cacheroute.planner.tokenload import BYTES_PER_TOKEN, TokenEstimator
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.picker import Picker
@@ -37,12 +39,17 @@ PROFILE = EngineProfile(name="parity", step_overhead_s=0.0, weight_read_s=0.01, 
 class State:
     in_flight: list[int]
     waiting: list[int]
+    in_flight_tokens: list[int]
     routes: dict[str, list[int]]  # planned keys -> destination indexes, preference order
     spill_threshold: float
     spill_slack: float
     unplanned: str
     seed: int
     requests: list[str | None]  # key names (planned or not) or None for keyless requests
+    sizes: list[int]  # prompt tokens of each request
+    tokens_per_unit: float = 0.0
+    pinned: tuple[str, ...] = ()  # planned keys kept to their entry
+    widen_planned: bool = False
 
 
 @st.composite
@@ -52,15 +59,21 @@ def states(draw: st.DrawFn) -> State:
     # Every planned key gets 1-3 distinct destinations in some order.
     entry = st.lists(st.integers(0, n - 1), min_size=1, max_size=min(n, 3), unique=True)
     planned_keys = draw(st.lists(st.sampled_from(KEYS), max_size=8, unique=True))
+    requests = draw(st.lists(st.one_of(st.none(), st.sampled_from(KEYS)), min_size=1, max_size=6))
     return State(
         in_flight=draw(loads),
         waiting=draw(loads),
+        in_flight_tokens=draw(st.lists(st.integers(0, 200_000), min_size=n, max_size=n)),
         routes={k: draw(entry) for k in planned_keys},
         spill_threshold=draw(st.sampled_from([1.0, 1.2, 1.5, 2.0, 3.0])),
         spill_slack=draw(st.sampled_from([0.0, 0.5, 2.0, 4.0])),
         unplanned=draw(st.sampled_from(UNPLANNED_MODES)),
         seed=draw(st.integers(0, 2**32 - 1)),
-        requests=draw(st.lists(st.one_of(st.none(), st.sampled_from(KEYS)), min_size=1, max_size=6)),
+        requests=requests,
+        sizes=draw(st.lists(st.integers(1, 100_000), min_size=len(requests), max_size=len(requests))),
+        tokens_per_unit=draw(st.sampled_from([0.0, 512.0, 4096.0])),
+        pinned=tuple(k for k in planned_keys if draw(st.booleans())),
+        widen_planned=draw(st.booleans()),
     )
 
 
@@ -68,39 +81,49 @@ def plan_of(state: State) -> Plan:
     n = len(state.in_flight)
     ids = destination_ids(n)
     destinations = [Destination(ids[i], f"10.1.0.{i + 1}:8000") for i in range(n)]
-    return plan_from_routes(
+    plan = plan_from_routes(
         "pool",
         destinations,
         {affinity_key_hash(k): [ids[d] for d in v] for k, v in state.routes.items()},
         spill_threshold=state.spill_threshold,
     )
+    pinned = np.array(sorted(affinity_key_hash(k) for k in state.pinned), dtype=np.uint64)
+    return replace(plan, pinned_keys=pinned)
 
 
 def router_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     pool = EndpointPool(scraping=False)
-    picker = Picker(pool, spill_slack=state.spill_slack, seed=state.seed, unplanned=state.unplanned)
+    picker = Picker(pool, spill_slack=state.spill_slack, seed=state.seed, unplanned=state.unplanned,
+                    tokens_per_unit=state.tokens_per_unit, widen_planned=state.widen_planned)
     pool.set_plan_destinations(plan.destinations)
     picker.install(build_table(plan, "v1"))
     index = {d.address: i for i, d in enumerate(plan.destinations)}
-    for d, flying, queued in zip(plan.destinations, state.in_flight, state.waiting, strict=True):
+    for d, flying, queued, tokens in zip(plan.destinations, state.in_flight, state.waiting, state.in_flight_tokens,
+                                         strict=True):
         endpoint = pool.by_address[d.address]
         for _ in range(flying):
             pool.acquire(endpoint)
+        pool.acquire(endpoint, tokens)
+        pool.release(endpoint)
         pool.record_scrape(endpoint, ok=True, waiting=queued)
+    estimator = TokenEstimator()
     out = []
-    for key in state.requests:
+    for key, size in zip(state.requests, state.sizes, strict=True):
         decision = picker.pick(affinity_key_hash(key) if key is not None else None)
-        out.append((decision.outcome, index[decision.endpoints[0].address]))
+        endpoint = decision.endpoints[0]
+        # What the exchange charges: the prompt tokens estimated from a body of that size.
+        pool.acquire(endpoint, estimator.estimate(size * BYTES_PER_TOKEN) if picker.token_aware else 0)
+        out.append((decision.outcome, index[endpoint.address]))
     return out
 
 
-def trace_of(requests: Sequence[str | None]) -> RequestTrace:
+def trace_of(requests: Sequence[str | None], sizes: Sequence[int]) -> RequestTrace:
     names = sorted({k for k in requests if k is not None})
     n = len(requests)
     return RequestTrace(
         arrival_s=np.zeros(n, dtype=np.float64),
         key=np.array([names.index(k) if k is not None else NO_KEY for k in requests], dtype=np.int64),
-        input_tokens=np.full(n, 4, dtype=np.int64),
+        input_tokens=np.array(sizes, dtype=np.int64),
         output_tokens=np.ones(n, dtype=np.int64),
         block_offsets=np.arange(n + 1, dtype=np.int64),
         block_ids=np.arange(n, dtype=np.int64),
@@ -110,7 +133,7 @@ def trace_of(requests: Sequence[str | None]) -> RequestTrace:
 
 
 def replay_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
-    trace = trace_of(state.requests)
+    trace = trace_of(state.requests, state.sizes)
     req = RequestTable(trace.arrival_s.tolist(), trace.input_tokens.tolist(), trace.output_tokens.tolist())
 
     def blocks(i: int) -> list[int]:
@@ -121,21 +144,22 @@ def replay_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     for engine, queued in zip(engines, state.waiting, strict=True):
         engine.waiting.extend(range(queued))
     view = RouterView(trace, engines, req, destination_ids=destination_ids(n), profile=PROFILE, get_blocks=blocks)
-    policy = Planned(plan, spill_slack=state.spill_slack, unplanned=state.unplanned)
+    policy = Planned(plan, spill_slack=state.spill_slack, unplanned=state.unplanned,
+                     routing=RoutingSettings(tokens_per_unit=state.tokens_per_unit,
+                                             widen_planned=state.widen_planned))
     policy.bind(view, state.seed)
     view.inflight[:] = state.in_flight
     view.total_inflight = sum(state.in_flight)
+    view.inflight_tokens[:] = state.in_flight_tokens
+    view.total_inflight_tokens = sum(state.in_flight_tokens)
     out = []
     for i in range(len(state.requests)):
-        planned, spilled = policy.planned_requests, policy.spilled_requests
         d = policy.route(i, 0.0)
-        if policy.planned_requests > planned:
-            outcome = PLANNED
-        elif policy.spilled_requests > spilled:
-            outcome = SPILLED
-        else:
-            outcome = P2C
-        out.append((outcome, d))
+        # What the replay's loop does after a decision.
+        view.inflight[d] += 1
+        view.total_inflight += 1
+        # The router counts key-seeded p2c as p2c.
+        out.append((P2C if policy.last_outcome == KEY_P2C else policy.last_outcome, d))
     return out
 
 
@@ -148,11 +172,32 @@ def test_router_and_replay_make_the_same_decisions(state: State) -> None:
 
 def test_the_generated_states_reach_every_outcome() -> None:
     """The parity test above is only as good as its cases: they must plan, spill and p2c."""
-    state = State(in_flight=[9, 0, 0], waiting=[3, 0, 0], routes={"user-0": [0], "user-1": [1, 2]},
-                  spill_threshold=1.5, spill_slack=2.0, unplanned="key-p2c", seed=7,
-                  requests=["user-0", "user-1", "user-2", None])
+    # Planned keys keep to their entry when unplanned keys go to plain p2c.
+    state = State(in_flight=[9, 0, 0], waiting=[3, 0, 0], in_flight_tokens=[0, 0, 0],
+                  routes={"user-0": [0], "user-1": [1, 2]},
+                  spill_threshold=1.5, spill_slack=2.0, unplanned="p2c", seed=7,
+                  requests=["user-0", "user-1", "user-2", None], sizes=[10, 10, 10, 10])
     plan = plan_of(state)
     decisions = router_decisions(state, plan)
     assert [outcome for outcome, _ in decisions] == [SPILLED, PLANNED, P2C, P2C]
     assert decisions[0][1] != 0
     assert decisions == replay_decisions(state, plan)
+    seeded = State(**{**state.__dict__, "unplanned": "key-p2c"})
+    decisions = router_decisions(seeded, plan)
+    assert [outcome for outcome, _ in decisions][2:] == [P2C, P2C]
+    assert decisions == replay_decisions(seeded, plan)
+
+
+def test_prompt_tokens_in_flight_turn_the_same_decision_in_both() -> None:
+    """Token-aware load is part of what both sides agree on: with equal request counts, the
+    destination prefilling long prompts loses the p2c draw in the router and in the replay."""
+    base = State(in_flight=[2, 2], waiting=[0, 0], in_flight_tokens=[0, 0], routes={},
+                 spill_threshold=1.5, spill_slack=2.0, unplanned="p2c", seed=3,
+                 requests=[None] * 4, sizes=[100] * 4, tokens_per_unit=4096.0)
+    heavy = [200_000, 0]
+    counted = router_decisions(State(**{**base.__dict__, "in_flight_tokens": heavy}), plan_of(base))
+    assert all(d == 1 for _, d in counted)
+    blind = State(**{**base.__dict__, "in_flight_tokens": heavy, "tokens_per_unit": 0.0})
+    assert any(d == 0 for _, d in router_decisions(blind, plan_of(blind)))
+    for state in (State(**{**base.__dict__, "in_flight_tokens": heavy}), blind):
+        assert router_decisions(state, plan_of(state)) == replay_decisions(state, plan_of(state))

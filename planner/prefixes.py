@@ -1,0 +1,105 @@
+"""Where prompts went: a router's bounded memory of the prefixes it routed, and which one to follow.
+
+A router that sends the next turn of a conversation where the previous turn went finds the
+conversation's history in that destination's cache. This memory lets the routing rule do so
+(`routing.RoutingRule.choose(..., follow=...)`) without any view of the engines' caches:
+
+- the caller describes a prompt as a chain of prefix ids, each naming the whole prompt up to a
+  boundary (the replay: its prefix-chained block ids; a router would use a hash chain over the
+  request body's messages, which ours does not keep yet), with the prompt tokens up to each boundary;
+- `match` finds the deepest prefix of the chain the memory holds and the destination the last
+  request with that prefix went to;
+- `held_by` counts the leading prefixes of the chain that were sent to a given destination (what
+  that destination may still hold in its cache);
+- `record` notes that every prefix of the chain went to the chosen destination, forgetting the
+  least recently used prefixes beyond `capacity`.
+
+Destinations are small integers (the replay's indexes), so the
+destinations a prefix went to are one bit mask.
+
+`follow_target` applies the rule of thumb of per-request cache-aware routers (Preble, SGLang):
+follow only when the remembered prefix covers more than half of the prompt, so a prefix common
+to every request (a system prompt) does not herd traffic onto one destination.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+# Follow a remembered prefix only when it is more than this share of the prompt.
+FOLLOW_MIN_SHARE = 0.5
+
+
+class PrefixMemory:
+    """Prefix id -> (the last destination it went to, mask of the destinations it went to),
+    least recently used out."""
+
+    __slots__ = ("_entries", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"prefix memory capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[int, tuple[int, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def match(self, prefixes: Sequence[int]) -> tuple[int, int]:
+        """(number of leading prefixes held, the last destination of the deepest; -1 if none)."""
+        get = self._entries.get
+        depth = 0
+        at = -1
+        for p in prefixes:
+            e = get(p)
+            if e is None:
+                break
+            depth += 1
+            at = e[0]
+        return depth, at
+
+    def held_by(self, prefixes: Sequence[int], destination: int) -> int:
+        """Leading prefixes of the chain that went to `destination`."""
+        get = self._entries.get
+        bit = 1 << destination
+        depth = 0
+        for p in prefixes:
+            e = get(p)
+            if e is None or not e[1] & bit:
+                break
+            depth += 1
+        return depth
+
+    def record(self, prefixes: Sequence[int], destination: int) -> None:
+        entries = self._entries
+        pop = entries.pop
+        bit = 1 << destination
+        for p in prefixes:
+            e = pop(p, None)
+            entries[p] = (destination, bit if e is None else e[1] | bit)
+        over = len(entries) - self.capacity
+        if over > 0:
+            popitem = entries.popitem
+            for _ in range(over):
+                popitem(last=False)
+
+    def forget(self, destination: int) -> None:
+        """Drop `destination` from every prefix (it left the pool); prefixes only it had go."""
+        entries = self._entries
+        keep = ~(1 << destination)
+        for p, (last, was) in list(entries.items()):
+            mask = was & keep
+            if not mask:
+                del entries[p]
+            elif last == destination:
+                entries[p] = (mask.bit_length() - 1, mask)
+            else:
+                entries[p] = (last, mask)
+
+
+def follow_target(matched_tokens: int, prompt_tokens: int, at: int) -> int | None:
+    """The destination to follow, when the remembered prefix is worth it (module docstring)."""
+    if at < 0 or matched_tokens <= FOLLOW_MIN_SHARE * prompt_tokens:
+        return None
+    return at

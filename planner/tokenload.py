@@ -1,0 +1,69 @@
+"""Token-aware load: what a destination still owes, counted in requests and in prompt tokens.
+
+The router and the replay measure a destination's load the same way (the routing rule only
+compares loads):
+
+    load = requests in flight + requests queued (scraped) + prompt tokens in flight / tokens_per_unit
+
+Requests in flight are the router's own, from dispatch to the end of the response; the queue is
+`vllm:num_requests_waiting`. Each request in flight also counts the prompt tokens it brings, as
+estimated from its body. A destination chewing through a few long prompts is then as loaded as one
+serving many short ones: counting requests alone sends a 60k-token prompt to the replica already
+prefilling another one. `tokens_per_unit` is how many such tokens weigh as much as one more
+request in flight: 4,096 by default, half of vLLM's default step budget on H100 (about 0.3 s of
+prefill for a 70B TP=2 replica). The figures behind it are in docs/capacity.md.
+
+(The replay's `cacheroute-follow` experiment also subtracts the prefix its memory of routed
+prefixes says the destination holds, `uncached_tokens`; the router keeps no such memory and
+charges the whole estimate.)
+
+Request size comes from the body: its bytes times a tokens-per-byte ratio learned from the
+`usage.prompt_tokens` of responses (`TokenEstimator`), starting at 1/4 (about four characters per
+token of English text and JSON). The replay has no text; it gives every request a body of four
+bytes per token, so its estimates start right where the router's converge.
+"""
+
+from __future__ import annotations
+
+DEFAULT_TOKENS_PER_LOAD_UNIT = 4096
+BYTES_PER_TOKEN = 4
+# Weight of the newest observation in the learned ratio: about the last 200 responses count.
+_LEARNING_RATE = 0.005
+# Ratios outside this range come from bodies that are mostly not prompt (images, tools): ignored.
+_MIN_RATIO, _MAX_RATIO = 0.02, 2.0
+
+
+def check_tokens_per_unit(tokens: float) -> None:
+    if not tokens >= 0:
+        raise ValueError(f"tokens per load unit must not be negative (0: requests only), got {tokens}")
+
+
+class TokenEstimator:
+    """Prompt tokens from the size of a request body, with the ratio learned from responses."""
+
+    __slots__ = ("ratio", "samples")
+
+    def __init__(self, ratio: float = 1.0 / BYTES_PER_TOKEN) -> None:
+        self.ratio = ratio
+        self.samples = 0
+
+    def estimate(self, body_bytes: int) -> int:
+        return int(body_bytes * self.ratio + 0.5)
+
+    def learn(self, body_bytes: int, prompt_tokens: int) -> None:
+        """A response's `usage.prompt_tokens` for a body of `body_bytes`."""
+        if body_bytes <= 0 or prompt_tokens <= 0:
+            return
+        observed = prompt_tokens / body_bytes
+        if not _MIN_RATIO <= observed <= _MAX_RATIO:
+            return
+        self.samples += 1
+        # Plain mean over the first responses, then an exponential average.
+        weight = max(_LEARNING_RATE, 1.0 / self.samples)
+        self.ratio += weight * (observed - self.ratio)
+
+
+def uncached_tokens(prompt_tokens: int, held_tokens: int) -> int:
+    """Prompt tokens a destination is expected to compute: all of them but the leading ones the
+    router's memory says it sent there before (`PrefixMemory.held_by`)."""
+    return max(prompt_tokens - held_tokens, 0)

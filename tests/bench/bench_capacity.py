@@ -1,0 +1,354 @@
+"""Capacity benchmarks of issue 17: CacheRoute against per-request routers, where the gain comes
+from, and the whole product against a default vLLM deployment.
+
+Run: `.venv/bin/python -m tests.bench.bench_capacity [--quick] [--jobs N] [--only a,b]`
+(writes bench-results/capacity.json). Capacity is the highest QPS with p99 TTFT within the SLO
+(bisection on the time-scaled trace, `replay/capacity.py`); every ratio compares policies measured
+in the same run.
+
+1. `paper`: the `cacheroute-paper` workload, 30 destinations, p99 TTFT <= 3.5 s, the same engine
+   for every policy (the replay's default profile: Llama-3.3-70B FP8, TP=2, bf16 KV, no host
+   tier). CacheRoute against the best per-request baseline (target 1.3x), key-seeded p2c among
+   them.
+2. `ablation`: on the same workload, CacheRoute with load in requests or token-aware, on an engine
+   without or with the host-memory KV tier the memory plan sizes (`auto` on a 2 TiB, 8-GPU node):
+   token-aware alone, host tier alone, both; the best per-request baselines on the host-tier engine
+   alongside, so the host tier's gain is not credited to routing.
+3. `product`: the operator's configuration (memory plan of the pool: fp8 KV as the pool asks, host
+   tier auto, the chosen max-num-batched-tokens, `--kv-cache-memory-bytes` from the plan) with
+   CacheRoute, against vLLM's defaults (`--gpu-memory-utilization 0.9`,
+   `--max-num-batched-tokens 8192`, bf16 KV, no host tier) with p2c (target 2.3x, served KV hit
+   >= 80 %); the bf16-KV operator configuration too.
+4. `mnbt`: served capacity of the operator's engine at each max-num-batched-tokens candidate, with
+   the KV capacity the memory plan leaves at that value (issue 17 item 4).
+5. `traces`: every Mooncake trace of the shared folder, 8 destinations, key = first 4 blocks, SLO
+   twice the p99 TTFT of an almost idle fleet (as `bench_replay.py`): CacheRoute against the best
+   baseline (target 1.00x).
+6. `low-reuse`: CacheRoute (and with the guard) against p2c (target 0.97x).
+
+`--quick` replays the first 15 minutes of the generated workloads (the public traces whole).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cacheroute.planner.memory import plan_memory
+from cacheroute.planner.memory.architecture import preset
+from cacheroute.planner.memory.gpus import GIB, H100_80GB
+from cacheroute.planner.memory.memory_plan import MemoryPlan
+from cacheroute.planner.memory.request import DEFAULT_MNBT_CANDIDATES, PlanRequest
+from cacheroute.planner.mooncake import read_mooncake
+from cacheroute.planner.replay.capacity import CapacityResult, base_qps, find_capacity, replay_at
+from cacheroute.planner.replay.hardware import (
+    H100_80GB_GIB,
+    H100_LLAMA33_70B_FP8_TP2,
+    H100_LLAMA33_70B_FP8_TP2_FP8KV,
+    LLAMA33_70B_FP8_WEIGHTS_GIB,
+    LLAMA33_70B_TP2_KV_BYTES_BF16,
+    LLAMA33_70B_TP2_RUNTIME_OVERHEAD_GIB,
+    EngineProfile,
+    kv_capacity_tokens,
+)
+from cacheroute.planner.replay.policy import Policy
+from cacheroute.planner.replay.registry import make_policy
+from cacheroute.planner.replay.run import ReplayConfig
+from cacheroute.planner.trace import RequestTrace
+from cacheroute.planner.workloads import generate
+from cacheroute.planner.workloads import preset as workload_preset
+
+OUT = Path("bench-results") / "capacity.json"
+TRACES = Path(os.environ.get("CACHEROUTE_TRACES_DIR", Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"))
+SLO = 3.5
+PAPER_DESTINATIONS = 30
+TRACE_DESTINATIONS = 8
+QUICK_WINDOW_S = 900.0
+# An HGX H100 node: 8 GPUs, 2 TiB of memory (the memory plan's `auto` host tier takes a TP=2
+# replica's quarter of it less a reserve per GPU).
+NODE_MEMORY_BYTES = 2048 * GIB
+# Per-request routers: no plan, decisions from the request and momentary state only.
+PER_REQUEST = ("p2c", "key-p2c", "least-loaded", "chwbl", "prefix-tree", "gie-prefix", "preble")
+SECTIONS = ("paper", "ablation", "product", "mnbt", "traces", "low-reuse")
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --- engines ---------------------------------------------------------------------------------------
+
+
+def memory_plan(kv_cache_dtype: str, mnbt: int | None = None) -> MemoryPlan:
+    """The operator's Analytic memory plan for the paper's pool (70B FP8, TP=2, H100, host tier auto)."""
+    return plan_memory(PlanRequest(
+        model=preset("llama-3.3-70b"), gpu=H100_80GB, quantization="fp8", tp=2,
+        kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
+        mnbt=mnbt, host_kv="auto", node_memory_bytes=NODE_MEMORY_BYTES,
+    ))
+
+
+def operator_engine(kv_cache_dtype: str = "fp8", mnbt: int | None = None, host: bool = True) -> EngineProfile:
+    """The replay engine of a pod the operator configures: timing of the KV dtype's profile, KV
+    capacity, batch budget and host tier from the memory plan."""
+    plan = memory_plan(kv_cache_dtype, mnbt)
+    base = H100_LLAMA33_70B_FP8_TP2_FP8KV if kv_cache_dtype == "fp8" else H100_LLAMA33_70B_FP8_TP2
+    return replace(
+        base,
+        name=f"operator-{kv_cache_dtype}-mnbt{plan.max_num_batched_tokens}{'-host' if host else ''}",
+        kv_capacity_tokens=plan.kv_capacity_tokens,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
+        host_kv_capacity_tokens=plan.host_kv_capacity_tokens if host else 0,
+    )
+
+
+def vllm_default_engine() -> EngineProfile:
+    """vLLM's defaults on the same GPUs: utilization 0.9, mnbt 8192, bf16 KV, no host tier."""
+    kv = kv_capacity_tokens(
+        gpu_memory_gib=H100_80GB_GIB, tensor_parallel=2, weights_gib=LLAMA33_70B_FP8_WEIGHTS_GIB,
+        runtime_overhead_gib_per_gpu=LLAMA33_70B_TP2_RUNTIME_OVERHEAD_GIB,
+        kv_bytes_per_token_per_gpu=LLAMA33_70B_TP2_KV_BYTES_BF16, gpu_memory_utilization=0.9,
+    )
+    return replace(H100_LLAMA33_70B_FP8_TP2, name="vllm-default", kv_capacity_tokens=kv, max_num_batched_tokens=8192)
+
+
+def host_engine(base: EngineProfile = H100_LLAMA33_70B_FP8_TP2) -> EngineProfile:
+    """`base` with the host tier the memory plan sizes for its KV dtype."""
+    dtype = "fp8" if base.kv_bytes_per_token_per_gpu < LLAMA33_70B_TP2_KV_BYTES_BF16 else "auto"
+    return replace(base, name=base.name + "-host", host_kv_capacity_tokens=memory_plan(dtype).host_kv_capacity_tokens)
+
+
+# --- capacity searches -----------------------------------------------------------------------------
+
+# (label, policy name, engine) of one search; the trace and SLO are inherited by forked workers.
+Job = tuple[str, str, EngineProfile, int]
+_SHARED: dict[str, Any] = {}
+
+
+def _run(job: Job) -> tuple[CapacityResult, float]:
+    _label, policy, engine, destinations = job
+    trace, slo = _SHARED["trace"], _SHARED["slo"]
+    factory: Callable[[], Policy] = lambda: make_policy(policy)  # noqa: E731
+    t0 = time.perf_counter()
+    res = find_capacity(trace, factory, ReplayConfig(destinations=destinations, profile=engine), slo_p99_ttft_s=slo)
+    return res, time.perf_counter() - t0
+
+
+def search(trace: RequestTrace, jobs: Sequence[Job], slo: float) -> dict[str, dict[str, Any]]:
+    """Capacity of every job, `--jobs` at a time, keyed by label."""
+    _SHARED.update(trace=trace, slo=slo)
+    workers = int(_SHARED.get("jobs", 1))
+    found: dict[str, dict[str, Any]] = {}
+
+    def record(job: Job, out: tuple[CapacityResult, float]) -> None:
+        res, wall = out
+        b = res.best
+        found[job[0]] = {
+            "policy": job[1], "engine": job[2].name, "capacity_qps": res.qps,
+            "kv_hit": b.kv_hit if b else None, "ttft_p99_s": b.ttft_p99_s if b else None,
+            "ttft_p50_s": b.ttft_p50_s if b else None, "load_cv_busy": b.load_cv_busy if b else None,
+            "probes": [(p.qps, p.ttft_p99_s, p.passed) for p in res.probes], "search_wall_s": wall,
+        }
+        hit = f"{b.kv_hit:6.1%}" if b else "   n/a"
+        log(f"  {job[0]:<34} {res.qps:8.2f} QPS  served KV hit {hit}  ({len(res.probes)} probes, {wall:.0f}s)")
+
+    if workers > 1 and len(jobs) > 1:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+            for job, out in zip(jobs, pool.imap(_run, jobs), strict=True):
+                record(job, out)
+    else:
+        for job in jobs:
+            record(job, _run(job))
+    return {job[0]: found[job[0]] for job in jobs}
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")
+
+
+def check(value: float, target: float, **extra: Any) -> dict[str, Any]:
+    return {"value": value, "target": target, "met": bool(math.isfinite(value) and value >= target), **extra}
+
+
+def workload(name: str, quick: bool) -> RequestTrace:
+    tr = generate(workload_preset(name)).trace
+    if quick:
+        start = float(tr.arrival_s[0])
+        tr = tr.window(start, start + QUICK_WINDOW_S)
+    return tr
+
+
+def best_of(results: dict[str, dict[str, Any]], labels: Sequence[str]) -> str:
+    return max(labels, key=lambda n: results[n]["capacity_qps"])
+
+
+# --- sections --------------------------------------------------------------------------------------
+
+
+def bench_paper(trace: RequestTrace) -> dict[str, Any]:
+    engine = H100_LLAMA33_70B_FP8_TP2
+    log(f"[paper] {len(trace):,} requests, {PAPER_DESTINATIONS} destinations, engine {engine.name}")
+    res = search(trace, [(p, p, engine, PAPER_DESTINATIONS) for p in (*PER_REQUEST, "cacheroute")], SLO)
+    best = best_of(res, PER_REQUEST)
+    r = ratio(res["cacheroute"]["capacity_qps"], res[best]["capacity_qps"])
+    log(f"    CacheRoute / best per-request ({best}) = {r:.3f} (target 1.3)")
+    return {"engine": engine.name, "policies": res, "check": check(r, 1.3, baseline=best)}
+
+
+def bench_ablation(trace: RequestTrace) -> dict[str, Any]:
+    gpu = H100_LLAMA33_70B_FP8_TP2
+    host = host_engine(gpu)
+    log(f"[ablation] host tier {host.host_kv_capacity_tokens:,} tokens per destination "
+        f"(GPU {gpu.kv_capacity_tokens:,})")
+    jobs: list[Job] = [
+        ("neither (load in requests)", "cacheroute-requests", gpu, PAPER_DESTINATIONS),
+        ("token-aware load alone", "cacheroute", gpu, PAPER_DESTINATIONS),
+        ("host tier alone", "cacheroute-requests", host, PAPER_DESTINATIONS),
+        ("both", "cacheroute", host, PAPER_DESTINATIONS),
+        ("p2c, host tier", "p2c", host, PAPER_DESTINATIONS),
+        ("key-p2c, host tier", "key-p2c", host, PAPER_DESTINATIONS),
+        ("preble, host tier", "preble", host, PAPER_DESTINATIONS),
+    ]
+    res = search(trace, jobs, SLO)
+    base = res["neither (load in requests)"]["capacity_qps"]
+    best_host = best_of(res, ("p2c, host tier", "key-p2c, host tier", "preble, host tier"))
+    ratios = {k: ratio(v["capacity_qps"], base) for k, v in res.items()}
+    vs = ratio(res["both"]["capacity_qps"], res[best_host]["capacity_qps"])
+    log("    vs neither: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
+    log(f"    both / best per-request on the host-tier engine ({best_host}) = {vs:.3f}")
+    return {"engines": {"gpu": gpu.name, "host": host.name, "host_kv_capacity_tokens": host.host_kv_capacity_tokens},
+            "policies": res, "ratio_vs_neither": ratios, "both_vs_best_per_request_host": vs,
+            "best_per_request_host": best_host}
+
+
+def bench_product(trace: RequestTrace) -> dict[str, Any]:
+    default = vllm_default_engine()
+    ours = operator_engine("fp8")
+    ours_bf16 = operator_engine("auto")
+    for e in (default, ours, ours_bf16):
+        log(f"[product] engine {e.name}: KV {e.kv_capacity_tokens:,} tokens on GPU, {e.host_kv_capacity_tokens:,} "
+            f"in host memory, mnbt {e.max_num_batched_tokens}")
+    jobs: list[Job] = [
+        ("vLLM defaults + p2c", "p2c", default, PAPER_DESTINATIONS),
+        ("operator (fp8 KV) + CacheRoute", "cacheroute", ours, PAPER_DESTINATIONS),
+        ("operator (bf16 KV) + CacheRoute", "cacheroute", ours_bf16, PAPER_DESTINATIONS),
+        ("operator (fp8 KV) + p2c", "p2c", ours, PAPER_DESTINATIONS),
+    ]
+    res = search(trace, jobs, SLO)
+    base = res["vLLM defaults + p2c"]["capacity_qps"]
+    r = ratio(res["operator (fp8 KV) + CacheRoute"]["capacity_qps"], base)
+    hit = res["operator (fp8 KV) + CacheRoute"]["kv_hit"] or 0.0
+    log(f"    operator + CacheRoute / vLLM defaults + p2c = {r:.3f} (target 2.3), served KV hit {hit:.1%} (target 80%)")
+    return {"engines": {e.name: {"kv_capacity_tokens": e.kv_capacity_tokens, "host_kv_capacity_tokens":
+                                 e.host_kv_capacity_tokens, "max_num_batched_tokens": e.max_num_batched_tokens}
+                        for e in (default, ours, ours_bf16)},
+            "policies": res, "check": check(r, 2.3), "kv_hit_check": check(hit, 0.80),
+            "bf16_ratio": ratio(res["operator (bf16 KV) + CacheRoute"]["capacity_qps"], base)}
+
+
+def bench_mnbt(trace: RequestTrace) -> dict[str, Any]:
+    candidates = [m for m in DEFAULT_MNBT_CANDIDATES if m <= 8192]
+    engines = {m: operator_engine("fp8", m) for m in candidates}
+    for m, e in engines.items():
+        log(f"[mnbt] {m}: KV {e.kv_capacity_tokens:,} tokens")
+    res = search(trace, [(f"mnbt {m}", "cacheroute", e, PAPER_DESTINATIONS) for m, e in engines.items()], SLO)
+    chosen = memory_plan("fp8").max_num_batched_tokens
+    best = max(candidates, key=lambda m: res[f"mnbt {m}"]["capacity_qps"])
+    return {"policies": res, "kv_capacity_tokens": {m: e.kv_capacity_tokens for m, e in engines.items()},
+            "memory_plan_choice": chosen, "best_by_capacity": best}
+
+
+def bench_traces() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    engine = H100_LLAMA33_70B_FP8_TP2
+    for path in sorted(TRACES.glob("*.jsonl")):
+        tr = read_mooncake(path, key="first-blocks:4")
+        idle = replay_at(tr, 0.02 * base_qps(tr), make_policy("p2c"),
+                         ReplayConfig(destinations=TRACE_DESTINATIONS, profile=engine))
+        slo = 2.0 * idle.ttft_p99_s
+        log(f"[traces] {path.name}: {len(tr):,} requests, SLO {slo:.2f}s")
+        res = search(tr, [(p, p, engine, TRACE_DESTINATIONS) for p in (*PER_REQUEST, "cacheroute")], slo)
+        best = best_of(res, PER_REQUEST)
+        r = ratio(res["cacheroute"]["capacity_qps"], res[best]["capacity_qps"])
+        log(f"    CacheRoute / {best} = {r:.3f} (target 1.00)")
+        out[path.name] = {"slo_p99_ttft_s": slo, "policies": res, "check": check(r, 1.0, baseline=best)}
+    return out
+
+
+def bench_low_reuse(trace: RequestTrace) -> dict[str, Any]:
+    engine = H100_LLAMA33_70B_FP8_TP2
+    log(f"[low-reuse] {len(trace):,} requests, {PAPER_DESTINATIONS} destinations")
+    res = search(trace, [(p, p, engine, PAPER_DESTINATIONS) for p in ("p2c", "key-p2c", "cacheroute",
+                                                                         "cacheroute-guard")], SLO)
+    r = ratio(res["cacheroute"]["capacity_qps"], res["p2c"]["capacity_qps"])
+    log(f"    CacheRoute / p2c = {r:.3f} (target 0.97)")
+    return {"policies": res, "check": check(r, 0.97),
+            "guard_ratio": ratio(res["cacheroute-guard"]["capacity_qps"], res["p2c"]["capacity_qps"])}
+
+
+def clean(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [clean(v) for v in x]
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="first 15 minutes of the generated workloads")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="capacity searches at once")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {', '.join(SECTIONS)}")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in only if s not in SECTIONS]
+    if unknown or args.jobs < 1:
+        print(f"bench_capacity: --only {','.join(unknown)} is not one of {', '.join(SECTIONS)}" if unknown
+              else f"bench_capacity: --jobs {args.jobs} must be at least 1", file=sys.stderr)
+        return 2
+    _SHARED["jobs"] = args.jobs
+    report: dict[str, Any] = {"bench": "capacity", "quick": args.quick, "jobs": args.jobs,
+                              "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                           time.gmtime())}
+    paper_sections = {"paper", "ablation", "product", "mnbt"} & set(only)
+    paper = workload("cacheroute-paper", args.quick) if paper_sections else None
+    for name in only:
+        t0 = time.perf_counter()
+        if name == "paper" and paper is not None:
+            report["paper"] = bench_paper(paper)
+        elif name == "ablation" and paper is not None:
+            report["ablation"] = bench_ablation(paper)
+        elif name == "product" and paper is not None:
+            report["product"] = bench_product(paper)
+        elif name == "mnbt" and paper is not None:
+            report["mnbt"] = bench_mnbt(paper)
+        elif name == "traces":
+            report["traces"] = bench_traces()
+        elif name == "low-reuse":
+            report["low_reuse"] = bench_low_reuse(workload("low-reuse", args.quick))
+        report.setdefault("section_wall_s", {})[name] = time.perf_counter() - t0
+    if paper is not None:
+        report["paper_requests"] = len(paper)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(json.dumps(clean(report), indent=2) + "\n")
+    tmp.replace(args.out)
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
