@@ -12,8 +12,8 @@ import importlib
 import logging
 import pkgutil
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,20 @@ class RunOptions:
     status_seconds: float = 5.0
     workers: int = 16
     log_level: str = "info"
+    peering_labels: Mapping[str, str] = field(default_factory=dict)
+    peering_annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_pairs(option: str, items: Sequence[str]) -> dict[str, str]:
+    """`KEY=VALUE` items (a space-separated list each, as the environment gives them) as a dict;
+    ValueError names the option and the item."""
+    pairs: dict[str, str] = {}
+    for item in (part for text in items for part in text.split()):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{option} {item!r} is not KEY=VALUE")
+        pairs[key] = value
+    return pairs
 
 
 def parse_priority(text: str) -> int:
@@ -110,6 +124,10 @@ def ensure_peering(cluster: Cluster, options: RunOptions) -> None:
         targets = [(f"{base}/namespaces/{ns}/kopfpeerings", "KopfPeering", ns) for ns in options.namespaces]
     for path, kind, namespace in targets:
         metadata: dict[str, Any] = {"name": options.peering}
+        if options.peering_labels:
+            metadata["labels"] = dict(options.peering_labels)
+        if options.peering_annotations:
+            metadata["annotations"] = dict(options.peering_annotations)
         if namespace:
             metadata["namespace"] = namespace
         body = {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "kind": kind, "metadata": metadata}

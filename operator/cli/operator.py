@@ -47,6 +47,21 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     standalone: Annotated[
         bool, typer.Option(envvar=_env("STANDALONE"), help="No peering: for a single replica without the kopf CRDs.")
     ] = False,
+    peering_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar=_env("PEERING_LABEL"),
+            help="KEY=VALUE label of the peering object when the operator creates it (repeatable).",
+        ),
+    ] = None,
+    peering_annotation: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar=_env("PEERING_ANNOTATION"),
+            help="KEY=VALUE annotation of the peering object when the operator creates it (repeatable); "
+            "the chart passes Helm's ownership so that helm adopts an object the operator created first.",
+        ),
+    ] = None,
     priority: Annotated[
         str,
         typer.Option(
@@ -103,6 +118,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     try:
         namespaces, everywhere = runtime.namespaces_or_all(namespace or [], all_namespaces)
         chosen_priority = runtime.parse_priority(priority)
+        labels = runtime.parse_pairs("peering-label", peering_label or [])
+        annotations = runtime.parse_pairs("peering-annotation", peering_annotation or [])
         host, port = runtime.parse_address(health_address)
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"log-level {log_level!r} is not one of debug, info, warning, error")
@@ -124,6 +141,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         peering=peering,
         standalone=standalone,
         priority=chosen_priority,
+        peering_labels=labels,
+        peering_annotations=annotations,
         health_host=host,
         health_port=port,
         config=operator_config,

@@ -17,8 +17,7 @@ import yaml
 
 from cacheroute.sandbox.binaries import locate
 from cacheroute.sandbox.cluster import Sandbox
-from cacheroute.sandbox.crds import apply_crds, load_crds
-from cacheroute.sandbox.demo.settings import CHART, MANIFESTS, REPO, SANDBOX_VALUES, DemoSettings
+from cacheroute.sandbox.demo.settings import CHART, MANIFESTS, SANDBOX_VALUES, DemoSettings
 
 GROUP, VERSION = "cacheroute.dev", "v1alpha1"
 OUR_CRDS = ("inferencepools.cacheroute.dev", "affinityplans.cacheroute.dev")
@@ -90,49 +89,6 @@ def _helm(sandbox: Sandbox, args: Sequence[str], timeout: float) -> str:
     if done.returncode != 0:
         raise DemoError(f"helm {args[0]}: {(done.stderr or done.stdout).strip()}")
     return done.stdout
-
-
-def precreate_peering(api: Any, settings: DemoSettings) -> None:
-    """The chart's KopfPeering, created before `helm install` with the release's ownership marks,
-    which helm adopts.
-
-    The operator creates its peering object when it is missing (operator/runtime.py), and helm
-    creates custom resources after the Deployment: an operator pod that starts within those
-    seconds (the sandbox runs it at once) makes the install fail with "already exists". Created
-    first, the object is there for both.
-    """
-    from kubernetes import client
-
-    apply_crds(api, load_crds([REPO / "crds" / "kopf.dev_peerings.yaml"]))
-    if not _namespace_exists(api, settings.namespace):
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": settings.namespace}})
-    body = {
-        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
-        "metadata": {
-            "name": "cacheroute", "namespace": settings.namespace,
-            "labels": {"app.kubernetes.io/managed-by": "Helm"},
-            "annotations": {"meta.helm.sh/release-name": settings.release,
-                            "meta.helm.sh/release-namespace": settings.namespace},
-        },
-    }
-    try:
-        client.CustomObjectsApi(api).create_namespaced_custom_object("kopf.dev", "v1", settings.namespace,
-                                                                     "kopfpeerings", body)
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
-def _namespace_exists(api: Any, name: str) -> bool:
-    from kubernetes import client
-
-    try:
-        client.CoreV1Api(api).read_namespace(name)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
 
 
 def adopt_crds(api: Any, settings: DemoSettings) -> None:

@@ -66,7 +66,6 @@ def run_demo(
     say(f"helm install {settings.release} helm/cacheroute (namespace {settings.namespace}, "
         f"Prometheus {sandbox.prometheus.url})")
     cluster.adopt_crds(api, settings)
-    cluster.precreate_peering(api, settings)
     cluster.helm_install(sandbox, settings, sandbox.prometheus.url)
     done("helm install")
     say(f"applying examples/demo: InferencePool {settings.pool} ({settings.destinations} destinations), "

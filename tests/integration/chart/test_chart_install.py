@@ -20,12 +20,16 @@ import pytest
 import yaml
 from kubernetes import client
 
+from cacheroute.operator import runtime
+from cacheroute.operator.api.peering import PEERING_FILE
+from cacheroute.operator.config import OperatorConfig
+from cacheroute.operator.fleet.cluster import Cluster
 from cacheroute.planner.plan import affinity_key_hash
 from cacheroute.sandbox.cluster import Sandbox
-from cacheroute.sandbox.crds import apply_crds
+from cacheroute.sandbox.crds import apply_crds, load_crds
 from cacheroute.sandbox.process import StartError
 from tests.support import sandbox as testing
-from tests.support.chart import SANDBOX_VALUES, Helm, adopt_crds, api_message, example_objects, server_side_apply
+from tests.support.chart import REPO, SANDBOX_VALUES, Helm, adopt_crds, api_message, example_objects, server_side_apply
 from tests.support.control import condition, get_plan, published_plan
 from tests.support.gie import GROUP as GIE_GROUP
 from tests.support.gie import gie_inferencepool_crd
@@ -80,6 +84,10 @@ def installed(sandbox: Sandbox) -> Iterator[Installed]:
         adopt_crds(api, RELEASE, namespace, OUR_CRDS)
         helm = Helm(sandbox, timeout=240)
         values = install_values(namespace, sandbox.prometheus.url)
+        # The race a real install can lose: an operator replica starts before helm reaches the
+        # peering object (custom resources come after Deployments) and creates it. The chart's
+        # arguments make that object one helm adopts; without them the install fails on "exists".
+        _create_peering_as_the_operator_would(api, helm, namespace, values)
         notes = helm.install(RELEASE, namespace, values, files=[SANDBOX_VALUES])
         state = Installed(namespace, values, helm, notes=[notes])
         try:
@@ -99,6 +107,25 @@ def installed(sandbox: Sandbox) -> Iterator[Installed]:
                     helm.uninstall(RELEASE, namespace)
             with contextlib.suppress(client.ApiException):
                 client.ApiextensionsV1Api(api).delete_custom_resource_definition(gie["metadata"]["name"])
+
+
+def _create_peering_as_the_operator_would(api: Any, helm: Helm, namespace: str, values: dict[str, Any]) -> None:
+    deployment = next(o for o in helm.template(RELEASE, namespace, values, files=[SANDBOX_VALUES])
+                      if o["kind"] == "Deployment" and o["metadata"]["name"] == OPERATOR)
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    def values_of(flag: str) -> list[str]:
+        return [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+
+    options = runtime.RunOptions(
+        namespaces=(namespace,), all_namespaces=False, peering=values_of("--peering")[0], standalone=False,
+        priority=1, health_host="127.0.0.1", health_port=8080, config=OperatorConfig(),
+        peering_labels=runtime.parse_pairs("peering-label", values_of("--peering-label")),
+        peering_annotations=runtime.parse_pairs("peering-annotation", values_of("--peering-annotation")),
+    )
+    # As in a real install: helm puts the chart's crds/ (kopf's peering CRDs among them) first.
+    apply_crds(api, load_crds([REPO / "crds" / PEERING_FILE]))
+    runtime.ensure_peering(Cluster(api), options)
 
 
 def _terminating_crd(api: Any, name: str) -> bool:

@@ -23,6 +23,8 @@ runner = CliRunner()
         (["-A", "--health-address", "8080"], {}, "health-address"),
         (["-A", "--log-level", "loud"], {}, "log-level"),
         (["-A", "--resync-interval", "0"], {}, "resync-interval"),
+        (["-A", "--peering-annotation", "no-equals-sign"], {}, "peering-annotation 'no-equals-sign'"),
+        (["-A"], {"CACHEROUTE_OPERATOR_PEERING_LABEL": "a=b =c"}, "peering-label '=c'"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], env: dict[str, str], words: str) -> None:
@@ -55,3 +57,12 @@ def test_auto_priorities_differ_and_numbers_are_kept() -> None:
 def test_scope_is_a_namespace_list_or_everything() -> None:
     assert runtime.namespaces_or_all(["a", "b", "a"], False) == (("a", "b"), False)
     assert runtime.namespaces_or_all([], True) == ((), True)
+
+
+def test_peering_metadata_pairs_come_from_options_or_a_space_separated_env_list() -> None:
+    assert runtime.parse_pairs("peering-label", ["app.kubernetes.io/managed-by=Helm"]) == {
+        "app.kubernetes.io/managed-by": "Helm"
+    }
+    pairs = runtime.parse_pairs("peering-annotation", ["meta.helm.sh/release-name=r meta.helm.sh/release-namespace=ns"])
+    assert pairs == {"meta.helm.sh/release-name": "r", "meta.helm.sh/release-namespace": "ns"}
+    assert runtime.parse_pairs("peering-label", ["empty="]) == {"empty": ""}
