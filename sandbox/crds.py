@@ -56,3 +56,21 @@ def apply_crds(api_client: ApiClient, crds: list[dict[str, Any]], timeout: float
         if pending:
             time.sleep(0.1)
     return names
+
+
+def adopt_crds(api_client: Any, release: str, namespace: str, names: Iterable[str]) -> None:
+    """Hand existing CRDs (applied from crds/ by hand, or by another release) to a Helm release,
+    as docs/install.md tells users; a CRD that does not exist is skipped."""
+    from kubernetes import client
+
+    crds = client.ApiextensionsV1Api(api_client)
+    for name in names:
+        patch = {"metadata": {
+            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+            "annotations": {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace},
+        }}
+        try:
+            crds.patch_custom_resource_definition(name, patch)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from cacheroute.sandbox import crds
 from cacheroute.sandbox.binaries import locate
 from cacheroute.sandbox.cluster import Sandbox
 from cacheroute.sandbox.demo.settings import CHART, MANIFESTS, SANDBOX_VALUES, DemoSettings
@@ -92,22 +93,8 @@ def _helm(sandbox: Sandbox, args: Sequence[str], timeout: float) -> str:
 
 
 def adopt_crds(api: Any, settings: DemoSettings) -> None:
-    """Hand CRDs applied earlier (from crds/, or by another release) to this release, as
-    docs/install.md tells users; a fresh cluster has none and this does nothing."""
-    from kubernetes import client
-
-    crds = client.ApiextensionsV1Api(api)
-    for name in OUR_CRDS:
-        patch = {"metadata": {
-            "labels": {"app.kubernetes.io/managed-by": "Helm"},
-            "annotations": {"meta.helm.sh/release-name": settings.release,
-                            "meta.helm.sh/release-namespace": settings.namespace},
-        }}
-        try:
-            crds.patch_custom_resource_definition(name, patch)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+    """Hand CRDs applied earlier to this release; a fresh cluster has none and this does nothing."""
+    crds.adopt_crds(api, settings.release, settings.namespace, OUR_CRDS)
 
 
 # --- manifests -------------------------------------------------------------------------------------

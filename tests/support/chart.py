@@ -200,23 +200,6 @@ def prometheus_operator_crds() -> list[dict[str, Any]]:
     ]
 
 
-def adopt_crds(api: Any, release: str, namespace: str, names: Iterable[str]) -> None:
-    """Hand existing CRDs to a release, as docs/install.md tells users who applied crds/ by hand."""
-    from kubernetes import client
-
-    crds = client.ApiextensionsV1Api(api)
-    for name in names:
-        patch = {"metadata": {
-            "labels": {"app.kubernetes.io/managed-by": "Helm"},
-            "annotations": {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace},
-        }}
-        try:
-            crds.patch_custom_resource_definition(name, patch)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
-
-
 def example_objects(namespace: str) -> list[dict[str, Any]]:
     """Every manifest of examples/, placed in `namespace` (as `kubectl apply -n NS -f examples/`)."""
     objects = []
