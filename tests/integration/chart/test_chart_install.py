@@ -217,6 +217,14 @@ def _router_pods(api: Any, namespace: str, pool: str) -> list[Any]:
     return [p for p in pods if p.metadata.deletion_timestamp is None and is_ready(p)]
 
 
+def _ready_routers(api: Any, namespace: str, pool: str, count: int) -> list[Any]:
+    """The pool's `count` router pods once all are ready: a plan, or the pool's Ready condition,
+    can come before the last router replica is."""
+    until(lambda: len(_router_pods(api, namespace, pool)) == count, f"{count} ready router pods of {pool}",
+          timeout=120)
+    return _router_pods(api, namespace, pool)
+
+
 def _router_metrics(pod: Any) -> str:
     return httpx.get(f"http://{pod.status.pod_ip}:9090/metrics", timeout=10).text
 
@@ -250,7 +258,7 @@ def test_the_examples_give_running_pools(installed: Installed, sandbox: Sandbox,
         assert [d["ready"] for d in status["destinations"]] == [True] * 4
         assert status["memoryPlan"]["kvCapacityTokens"] > 0
     # The router serves the pool: an OpenAI request through Envoy and the picker to an emulated vLLM.
-    [router, *_] = _router_pods(kube_api, ns, "llama-8b")
+    [router, *_] = _ready_routers(kube_api, ns, "llama-8b", 2)
     _await_ready_endpoints(router, 4)
     reply = httpx.post(f"http://{router.status.pod_ip}:8080/v1/completions", timeout=60, json={
         "model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hello " * 8, "max_tokens": 2, "user": "tenant-1"})
@@ -309,8 +317,7 @@ def test_the_manual_example_plan_reaches_the_routers(installed: Installed, kube_
     # Exactly the reviewed routes, keys hashed.
     assert published.routes() == {affinity_key_hash(r["key"]): tuple(r["destinations"]) for r in plan["spec"]["pinned"]}
     version = plan["status"]["planVersion"]
-    routers = _router_pods(kube_api, ns, "llama-8b")
-    assert len(routers) == 2
+    routers = _ready_routers(kube_api, ns, "llama-8b", 2)
     until(lambda: all(_plan_version_served(p) == version for p in routers), f"both routers on plan {version}",
           timeout=120)
     # A pinned key is routed by the plan, not by p2c.
@@ -325,8 +332,7 @@ def test_the_auto_example_plan_plans_from_real_traffic(installed: Installed, san
     """Requests through the pool's router, their metrics in the sandbox Prometheus, the operator's
     control loop plans from them, publishes, and the routers follow the plan."""
     ns = installed.namespace
-    routers = _router_pods(kube_api, ns, "llama-70b")
-    assert len(routers) == 2
+    routers = _ready_routers(kube_api, ns, "llama-70b", 2)
     for router in routers:
         _await_ready_endpoints(router, 4)
     keys = [f"tenant-{i}" for i in range(6)]
