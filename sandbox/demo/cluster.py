@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from cacheroute.sandbox import crds
+from cacheroute.sandbox.apierrors import api_message
 from cacheroute.sandbox.binaries import locate
 from cacheroute.sandbox.cluster import Sandbox
 from cacheroute.sandbox.demo.settings import CHART, MANIFESTS, SANDBOX_VALUES, DemoSettings
@@ -132,20 +133,6 @@ def apply(api: Any, objects: Sequence[Mapping[str, Any]]) -> None:
                                   query_params=[("fieldValidation", "Strict")])
         except ApiException as exc:
             raise DemoError(f"{obj['kind']}/{obj['metadata']['name']}: {api_message(exc)}") from None
-
-
-def api_message(exc: Exception) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    try:
-        message = json.loads(body)["message"] if body else None
-    except (ValueError, KeyError, TypeError):
-        message = None
-    return str(message or exc).splitlines()[0]
-
-
-# --- objects and readiness -------------------------------------------------------------------------
 
 
 def get_object(api: Any, namespace: str, plural: str, name: str) -> dict[str, Any]:

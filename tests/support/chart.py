@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from cacheroute.sandbox.apierrors import api_message
 from cacheroute.sandbox.binaries import locate
 from cacheroute.sandbox.cluster import Sandbox
 
@@ -112,18 +113,6 @@ def server_side_apply(api: Any, objects: Iterable[Mapping[str, Any]], *, dry_run
         except dynamic.exceptions.ResourceNotFoundError as exc:
             errors.append(f"{kind}/{name}: {exc}")
     return errors
-
-
-def api_message(exc: Exception) -> str:
-    """The API server's own message of a failed call (its Status), else the exception's text."""
-    body = getattr(exc, "body", None)
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    try:
-        message = json.loads(body)["message"] if body else None
-    except (ValueError, KeyError, TypeError):
-        message = None
-    return str(message or exc).splitlines()[0]
 
 
 def _object_schema(properties: Mapping[str, Any], required: Sequence[str] = ()) -> dict[str, Any]:

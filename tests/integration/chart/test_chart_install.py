@@ -25,11 +25,12 @@ from cacheroute.operator.api.peering import PEERING_FILE
 from cacheroute.operator.config import OperatorConfig
 from cacheroute.operator.fleet.cluster import Cluster
 from cacheroute.planner.plan import affinity_key_hash
+from cacheroute.sandbox.apierrors import api_message
 from cacheroute.sandbox.cluster import Sandbox
 from cacheroute.sandbox.crds import adopt_crds, apply_crds, load_crds
 from cacheroute.sandbox.process import StartError
 from tests.support import sandbox as testing
-from tests.support.chart import REPO, SANDBOX_VALUES, Helm, api_message, example_objects, server_side_apply
+from tests.support.chart import REPO, SANDBOX_VALUES, Helm, example_objects, server_side_apply
 from tests.support.control import condition, get_plan, published_plan
 from tests.support.gie import GROUP as GIE_GROUP
 from tests.support.gie import gie_inferencepool_crd
