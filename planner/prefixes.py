@@ -5,8 +5,8 @@ conversation's history in that destination's cache. This memory lets the routing
 (`routing.RoutingRule.choose(..., follow=...)`) without any view of the engines' caches:
 
 - the caller describes a prompt as a chain of prefix ids, each naming the whole prompt up to a
-  boundary (the replay: its prefix-chained block ids; a router would use a hash chain over the
-  request body's messages, which ours does not keep yet), with the prompt tokens up to each boundary;
+  boundary every `block_tokens` tokens (the replay: its prefix-chained block ids; the router: a
+  hash chain over fixed-size pieces of the prompt's text, `router/prompts.py`);
 - `match` finds the deepest prefix of the chain the memory holds and the destination the last
   request with that prefix went to;
 - `held_by` counts the leading prefixes of the chain that were sent to a given destination (what
@@ -27,8 +27,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from cacheroute.planner.tokenload import uncached_tokens
+
 # Follow a remembered prefix only when it is more than this share of the prompt.
 FOLLOW_MIN_SHARE = 0.5
+# Prefix blocks a router remembers by default: 262,144 blocks of 256 tokens cover 67M tokens,
+# more than 30 H100 replicas hold on GPU and in host memory, in about 60 MB of router memory.
+DEFAULT_PREFIX_MEMORY_BLOCKS = 262_144
 
 
 class PrefixMemory:
@@ -103,3 +108,38 @@ def follow_target(matched_tokens: int, prompt_tokens: int, at: int) -> int | Non
     if at < 0 or matched_tokens <= FOLLOW_MIN_SHARE * prompt_tokens:
         return None
     return at
+
+
+class PrefixFollower:
+    """The memory and the rule of thumb as the router and the replay use them, in one place.
+
+    `target` says where a prompt should follow its prefix and what it weighs less there (the
+    routing rule's `follow` and `follow_gain`); `settle` records where it went and returns the
+    prompt tokens that destination still has to compute (its charge under token-aware load).
+    """
+
+    __slots__ = ("block_tokens", "memory", "per_token")
+
+    def __init__(self, capacity: int, block_tokens: int, per_token: float) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"tokens per prefix block must be at least 1, got {block_tokens}")
+        self.memory = PrefixMemory(capacity)
+        self.block_tokens = block_tokens
+        # Load units per prompt token (0: load counts requests only).
+        self.per_token = per_token
+
+    def target(self, chain: Sequence[int], prompt_tokens: int) -> tuple[int, float]:
+        """(the destination to follow or -1, the load the request sheds by going there)."""
+        depth, at = self.memory.match(chain)
+        matched = min(depth * self.block_tokens, prompt_tokens)
+        follow = follow_target(matched, prompt_tokens, at)
+        if follow is None:
+            return -1, 0.0
+        return follow, matched * self.per_token
+
+    def settle(self, chain: Sequence[int], destination: int, prompt_tokens: int) -> int:
+        """Record the decision; the prompt tokens `destination` is expected to compute."""
+        memory = self.memory
+        held = memory.held_by(chain, destination) * self.block_tokens
+        memory.record(chain, destination)
+        return uncached_tokens(prompt_tokens, held)

@@ -20,8 +20,8 @@ decide through `RoutingRule.choose`, so what the replay measures is what the rou
 4. **Plain p2c** (unplanned keys with `unplanned="p2c"`, keyless requests): the less loaded of two
    distinct destinations drawn uniformly, the first drawn on a tie.
 5. **Following a prefix**: when the caller knows where the longest earlier prompt sharing most
-   of this one went (`follow`: the replay's memory of routed prefixes, `prefixes.PrefixMemory`;
-   the router keeps none yet and never passes `follow`, so this step is a replay experiment),
+   of this one went (`follow`: the memory of routed prefixes, `prefixes.PrefixFollower`, kept by
+   the router over its endpoints and by the replay over its destinations),
    the request goes there instead, as long as that destination's load is at most
    `follow_ratio x` the load of the destination steps 1-4 chose, plus `follow_slack`, plus
    `follow_gain`: what the request itself weighs less there, its remembered prefix in the

@@ -13,9 +13,8 @@ prefilling another one. `tokens_per_unit` is how many such tokens weigh as much 
 request in flight: 4,096 by default, half of vLLM's default step budget on H100 (about 0.3 s of
 prefill for a 70B TP=2 replica). The figures behind it are in docs/capacity.md.
 
-(The replay's `cacheroute-follow` experiment also subtracts the prefix its memory of routed
-prefixes says the destination holds, `uncached_tokens`; the router keeps no such memory and
-charges the whole estimate.)
+When requests follow their routed prefixes (`prefixes.PrefixFollower`), a request is charged only
+the tokens past the prefix the memory says its destination holds (`uncached_tokens`).
 
 Request size comes from the body: its bytes times a tokens-per-byte ratio learned from the
 `usage.prompt_tokens` of responses (`TokenEstimator`), starting at 1/4 (about four characters per

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE
+from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
 from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT
 from cacheroute.router import eventloop, sidecar
@@ -21,6 +22,7 @@ from cacheroute.router.settings import (
     DEFAULT_METRICS_PORT,
     DEFAULT_SKETCH_SIZE,
     MAX_BODY_BYTES_LIMIT,
+    MAX_PREFIX_MEMORY_BLOCKS,
     MAX_SKETCH_SIZE,
     KeyOverrides,
     RouterSettings,
@@ -189,6 +191,25 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             "endpoints, as many as its entry is long (pinned routes keep their entry).",
         ),
     ] = False,
+    follow_prefixes: Annotated[
+        bool,
+        typer.Option(
+            envvar=_env("FOLLOW_PREFIXES"),
+            help="Send a request where the longest prefix of its prompt went before (the next turn of a "
+            "conversation to its history's cache), within the spill bound's load limit; needs the body "
+            "(buffered or full-duplex body mode).",
+        ),
+    ] = True,
+    prefix_memory_blocks: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_PREFIX_MEMORY_BLOCKS,
+            envvar=_env("PREFIX_MEMORY_BLOCKS"),
+            help="Prompt prefixes of 256 tokens the router remembers for --follow-prefixes "
+            "(least recently routed out; about 230 bytes each).",
+        ),
+    ] = DEFAULT_PREFIX_MEMORY_BLOCKS,
     scrape_interval: Annotated[
         float,
         typer.Option(
@@ -262,6 +283,8 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             unplanned=unplanned,
             tokens_per_load_unit=tokens_per_load_unit,
             widen_planned=widen_planned,
+            follow_prefixes=follow_prefixes,
+            prefix_memory_blocks=prefix_memory_blocks,
             scrape_interval=scrape_interval,
             scrape_timeout=scrape_timeout,
             max_body_bytes=max_body_bytes,

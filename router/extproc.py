@@ -8,14 +8,15 @@ immediate response. The subset hint (`envoy.lb.subset_hint` filter metadata) res
 
 When the decision is made depends on where the key is and how Envoy sends the body:
 
-- the key header is present, or no body follows, or the body mode is NONE/STREAMED: decide on the
-  request headers;
+- the key header is present (and prefixes are not followed), or no body follows, or the body
+  mode is NONE/STREAMED: decide on the request headers;
 - BUFFERED (and BUFFERED_PARTIAL): decide on the body message and set the header in its reply;
 - FULL_DUPLEX_STREAMED: hold the header reply and the body chunks until the body ends (or passes
   `max_body_bytes`), then send the header reply followed by the held chunks; later chunks are
   passed back as they come.
 
-A body over `max_body_bytes` is not parsed (and not held beyond the limit): p2c decides. The
+A body over `max_body_bytes` is not parsed (and not held beyond the limit): p2c decides. When the
+picker follows prefixes, a parsed body also gives the prompt's prefix chain (`prompts.py`). The
 stream lives from the request's start to the response's end (or a reset), which is what the
 endpoint's in-flight count measures: a stream holds at most one endpoint at a time and gives it
 back exactly once when it ends, whatever order its messages come in (a second `request_headers`
@@ -51,6 +52,7 @@ from cacheroute.planner.tokenload import TokenEstimator
 from cacheroute.router import keys as keymod
 from cacheroute.router.endpoints import Endpoint
 from cacheroute.router.picker import NONE
+from cacheroute.router.prompts import prefix_chain, prompt_text
 
 if TYPE_CHECKING:
     from cacheroute.router.endpoints import EndpointPool
@@ -187,6 +189,7 @@ class Exchange:
     __slots__ = (
         "allowed",
         "body_bytes",
+        "chain",
         "charge",
         "chunks",
         "content_length",
@@ -226,6 +229,8 @@ class Exchange:
         self.content_length = 0
         self.overflow = False
         self.doc: dict[str, Any] | None = None
+        # The prompt's prefix ids, when the picker follows prefixes and the body was parsed.
+        self.chain: list[int] = []
         self.pending_parse = False
         self.prefix_tokens = 0
         self.usage_tokens: int | None = None
@@ -274,10 +279,11 @@ class Exchange:
             self.content_length = size if size <= MAX_CONTENT_LENGTH else 0
         body_follows = not message.end_of_stream
         self.key = keymod.key_from_headers(headers, extraction)
+        follows = picker.follows_prefixes
         if (
-            self.key is not None
+            (self.key is not None and not follows)
             or not body_follows
-            or not keymod.wants_body(extraction)
+            or not (follows or keymod.wants_body(extraction))
             or (self.request_mode not in _BUFFERED_MODES and self.request_mode != _FULL_DUPLEX)
         ):
             if self.key is None:
@@ -358,6 +364,8 @@ class Exchange:
                 metrics.body_fallbacks["malformed"] += 1
             else:
                 self.prefix_tokens = keymod.estimate_prefix_tokens(raw)
+                if self.core.picker.follows_prefixes:
+                    self.chain = prefix_chain(prompt_text(self.doc))
         self.chunks = []
         self.key = keymod.request_key(self.headers, self.doc, self.core.picker.key_extraction)
         return self._decide(phase, started)
@@ -365,7 +373,11 @@ class Exchange:
     def _decide(self, phase: str, started: float) -> Reply:
         """Pick, count and reply; `started` is when work on the deciding message began."""
         core = self.core
-        decision = core.picker.pick(self.key.hash if self.key is not None else None, self.allowed)
+        # What the body says the prompt weighs: its bytes so far, or the declared content-length
+        # when the decision comes from the headers alone.
+        tokens = core.estimator.estimate(self.body_bytes or self.content_length)
+        decision = core.picker.pick(self.key.hash if self.key is not None else None, self.allowed,
+                                    prompt_tokens=tokens, chain=self.chain)
         if self.endpoint is not None:
             # Only a fallback after a failed message decides twice; the first endpoint goes back.
             core.pool.release(self.endpoint, self.charge)
@@ -379,9 +391,7 @@ class Exchange:
             return _NO_ENDPOINT
         endpoints = decision.endpoints
         primary = endpoints[0]
-        # What the body says the prompt weighs: its bytes so far, or the declared content-length
-        # when the decision comes from the headers alone.
-        self.charge = core.estimator.estimate(self.body_bytes or self.content_length) if core.picker.token_aware else 0
+        self.charge = decision.charge
         core.pool.acquire(primary, self.charge)
         self.endpoint = primary
         value = primary.address if len(endpoints) == 1 else ",".join(e.address for e in endpoints)
@@ -397,6 +407,7 @@ class Exchange:
         self.pending_parse = False
         if kind in ("request_headers", "request_body", "request_trailers") and not self.decided:
             self.key = None
+            self.chain = []
             buffered_body = kind == "request_body" and self.request_mode != _FULL_DUPLEX
             reply = self._decide("body" if buffered_body else "headers", time.perf_counter())
             if self.request_mode == _FULL_DUPLEX and kind != "request_headers":

@@ -89,7 +89,7 @@ def _field(doc: Mapping[str, Any], path: str) -> object:
     return value
 
 
-def _text(content: object) -> str:
+def text_of(content: object) -> str:
     """Text of an OpenAI message content: a string, or the text parts of a list."""
     if isinstance(content, str):
         return content
@@ -100,7 +100,7 @@ def _text(content: object) -> str:
     return ""
 
 
-def _messages(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def prompt_messages(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     messages = doc.get("messages")
     if not isinstance(messages, list):
         # The Responses API: `input` is a string or a list of messages.
@@ -114,12 +114,12 @@ def _messages(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def prompt_prefix(doc: Mapping[str, Any], chars: int) -> str:
     """The first `chars` characters of system prompt + newline + first user message."""
-    messages = _messages(doc)
+    messages = prompt_messages(doc)
     if messages:
-        system = _text(doc.get("instructions")) or next(
-            (_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")), ""
+        system = text_of(doc.get("instructions")) or next(
+            (text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer")), ""
         )
-        user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        user = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
         text = f"{system}\n{user}" if system else user
     else:
         prompt = doc.get("prompt")

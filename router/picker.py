@@ -8,21 +8,26 @@ in-flight count for the endpoint plus the queue depth the endpoint reports on /m
 reacts within a request, the second sees other router replicas) plus the prompt tokens of the
 router's requests in flight there over `tokens_per_unit` (`planner/tokenload.py`: a few long
 prompts weigh as much as many short ones; the exchange estimates each request's tokens from its
-body size and charges them with `EndpointPool.acquire`). It adds the router's own part: fallback
-endpoints for the data plane to retry.
+body size and charges them with `EndpointPool.acquire`). With `follow_prefixes`, it also
+supplies where the longest routed prefix of the prompt went (`following.RoutedPrefixes`: the
+next turn of a conversation goes where its history is cached, within the rule's load bound) and
+charges the request only the tokens that endpoint is not expected to hold. It adds the router's
+own part: fallback endpoints for the data plane to retry.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.plan import KeyExtraction
+from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import (
     DEFAULT_SPILL_SLACK,
+    FOLLOWED,
     KEY_P2C,
     P2C,
     PLANNED,
@@ -32,17 +37,20 @@ from cacheroute.planner.routing import (
 )
 from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT, check_tokens_per_unit
 from cacheroute.router.endpoints import Endpoint, EndpointPool
+from cacheroute.router.following import RoutedPrefixes
 from cacheroute.router.settings import KeyOverrides
 from cacheroute.router.table import RoutingTable, resolve_groups
 
 NONE = "none"
-OUTCOMES = (PLANNED, SPILLED, P2C, NONE)
+OUTCOMES = (PLANNED, SPILLED, P2C, FOLLOWED, NONE)
 
 
 class Decision(NamedTuple):
     outcome: str
     # Primary first, then fallbacks; empty when no endpoint is ready.
     endpoints: tuple[Endpoint, ...]
+    # Prompt tokens to charge the primary while the request is in flight (token-aware load).
+    charge: int = 0
 
 
 _NO_ENDPOINT = Decision(NONE, ())
@@ -98,6 +106,8 @@ class Picker:
         unplanned: str = DEFAULT_UNPLANNED,
         tokens_per_unit: float = DEFAULT_TOKENS_PER_LOAD_UNIT,
         widen_planned: bool = False,
+        follow_prefixes: bool = False,
+        prefix_memory_blocks: int = DEFAULT_PREFIX_MEMORY_BLOCKS,
     ) -> None:
         check_tokens_per_unit(tokens_per_unit)
         self.pool = pool
@@ -111,8 +121,11 @@ class Picker:
         self._random = random.Random(seed).random
         self._loads = _EndpointLoads(pool, tokens_per_unit)
         self._widen = widen_planned
+        self._prefixes = RoutedPrefixes(prefix_memory_blocks, pool.per_token) if follow_prefixes else None
         self._view = self._make_view(RoutingTable.empty())
         pool.on_change(self.refresh)
+        if self._prefixes is not None:
+            self._prefixes.sync(pool.by_address)
 
     # --- plan -------------------------------------------------------------------------------------
 
@@ -149,7 +162,18 @@ class Picker:
 
     def refresh(self) -> None:
         """Re-resolve destinations after the endpoint membership changed."""
+        if self._prefixes is not None:
+            self._prefixes.sync(self.pool.by_address)
         self._view = self._make_view(self._view.table)
+
+    @property
+    def follows_prefixes(self) -> bool:
+        """Whether decisions want the prompt's prefix chain (`pick(..., chain=...)`)."""
+        return self._prefixes is not None
+
+    @property
+    def remembered_prefixes(self) -> int:
+        return len(self._prefixes) if self._prefixes is not None else 0
 
     @property
     def table(self) -> RoutingTable:
@@ -169,8 +193,17 @@ class Picker:
 
     # --- decisions --------------------------------------------------------------------------------
 
-    def pick(self, key_hash: int | None, allowed: Collection[str] | None = None) -> Decision:
-        """Decide for one request; `allowed` is the data plane's subset hint (addresses)."""
+    def pick(
+        self,
+        key_hash: int | None,
+        allowed: Collection[str] | None = None,
+        *,
+        prompt_tokens: int = 0,
+        chain: Sequence[int] = (),
+    ) -> Decision:
+        """Decide for one request; `allowed` is the data plane's subset hint (addresses),
+        `prompt_tokens` the request's estimated size and `chain` its prompt's prefix ids
+        (`prompts.prefix_chain`; empty: unknown)."""
         view = self._view
         ready = self.pool.ready
         is_usable = _is_ready
@@ -188,17 +221,25 @@ class Picker:
                 pinned = self._widen and key_hash in view.table.pinned
                 if allowed is not None:
                     planned = tuple(e for e in planned if e.address in allowed)
-        outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable, pinned=pinned)
+        prefixes = self._prefixes if chain else None
+        follow: Endpoint | None = None
+        gain = 0.0
+        if prefixes is not None:
+            follow, gain = prefixes.target(chain, prompt_tokens)
+        outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable, follow=follow, follow_gain=gain,
+                                           pinned=pinned)
         if outcome == KEY_P2C:
             # Counted as p2c, key-seeded or not (the metric's documented outcomes).
             outcome = P2C
-        return self._with_fallbacks(outcome, chosen, planned or (), ready)
+        charge = prefixes.settle(chain, chosen, prompt_tokens) if prefixes is not None else prompt_tokens
+        return self._with_fallbacks(outcome, chosen, planned or (), ready, charge if self.token_aware else 0)
 
     def _with_fallbacks(
-        self, outcome: str, primary: Endpoint, planned: tuple[Endpoint, ...], ready: tuple[Endpoint, ...]
+        self, outcome: str, primary: Endpoint, planned: tuple[Endpoint, ...], ready: tuple[Endpoint, ...],
+        charge: int,
     ) -> Decision:
         if not self._fallbacks:
-            return Decision(outcome, (primary,))
+            return Decision(outcome, (primary,), charge)
         chosen = [primary]
         for e in planned:
             if e is not primary and e.ready and len(chosen) <= self._fallbacks:
@@ -206,5 +247,5 @@ class Picker:
         if len(chosen) <= self._fallbacks:
             rest = sorted((e for e in ready if e not in chosen), key=self._loads.load)
             chosen.extend(rest[: self._fallbacks + 1 - len(chosen)])
-        return Decision(outcome, tuple(chosen))
+        return Decision(outcome, tuple(chosen), charge)
 

@@ -67,6 +67,8 @@ class Router:
             unplanned=settings.unplanned,
             tokens_per_unit=settings.tokens_per_load_unit,
             widen_planned=settings.widen_planned,
+            follow_prefixes=settings.follow_prefixes,
+            prefix_memory_blocks=settings.prefix_memory_blocks,
         )
         self.metrics = RouterMetrics(
             self.pool, sketch_size=settings.sketch_size, export_key_names=settings.export_key_names

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, UNPLANNED_MODES
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE, KeyExtraction
+from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
 from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT
 from cacheroute.router.eventloop import EVENT_LOOPS
@@ -20,6 +21,7 @@ DEFAULT_SKETCH_SIZE = 4096
 # The body cap's own ceiling: bodies are kept in memory while a key is looked for.
 MAX_BODY_BYTES_LIMIT = 64 * 1024 * 1024
 MAX_SKETCH_SIZE = 1_000_000
+MAX_PREFIX_MEMORY_BLOCKS = 16_777_216
 
 
 class SettingsError(ValueError):
@@ -108,6 +110,9 @@ class RouterSettings:
     tokens_per_load_unit: float = DEFAULT_TOKENS_PER_LOAD_UNIT
     # Computed routes also get their key's ring candidates (`routing.key_candidates`).
     widen_planned: bool = False
+    # Requests follow the longest prefix of their prompt this router routed before (`following.py`).
+    follow_prefixes: bool = True
+    prefix_memory_blocks: int = DEFAULT_PREFIX_MEMORY_BLOCKS
     scrape_interval: float = 0.5
     scrape_timeout: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -140,6 +145,7 @@ class RouterSettings:
         if self.unplanned not in UNPLANNED_MODES:
             raise SettingsError(f"unplanned {self.unplanned!r} is not one of {', '.join(UNPLANNED_MODES)}")
         _check_range("tokens-per-load-unit", self.tokens_per_load_unit, 0, 1e9, unit=" tokens (0: requests only)")
+        _check_range("prefix-memory-blocks", self.prefix_memory_blocks, 1, MAX_PREFIX_MEMORY_BLOCKS)
         _check_range("scrape-interval", self.scrape_interval, 0, 3600, unit=" seconds (0 turns scraping off)")
         _check_range("scrape-timeout", self.scrape_timeout, 0, 600, open_low=True, unit=" seconds")
         _check_range("plan-poll-interval", self.plan_poll_interval, 0.01, 3600, unit=" seconds")

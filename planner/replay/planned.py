@@ -3,9 +3,10 @@
 Both route by the router's rule (`cacheroute.planner.routing`, the same code the router runs):
 planned keys to the least loaded of their candidates with bounded-affinity spill, unplanned keys
 by key-seeded p2c (`unplanned="key-p2c"`, the default) or random p2c (`unplanned="p2c"`, as the
-report does), keyless requests by p2c; with `RoutingSettings.follow_prefixes` (a replay
-experiment: the router has no such memory), a request follows the longest prefix of it the policy
-routed before (`prefixes.PrefixMemory` over block ids). Load is the router's in-flight count plus the queue depth
+report does), keyless requests by p2c; with `RoutingSettings.follow_prefixes` (the router's
+default), a request follows the longest prefix of it the policy routed before
+(`prefixes.PrefixFollower` over the trace's block ids, where the router hashes the prompt's text
+in blocks of the same size). Load is the router's in-flight count plus the queue depth
 the destination reports, plus prompt tokens in flight when `tokens_per_unit` is set
 (`EngineLoads`, `tokenload.py`). `Planned()` with no plan and the defaults of `RoutingSettings()`
 is key-seeded p2c alone, the router's fallback for unplanned keys.
@@ -31,7 +32,7 @@ from cacheroute.planner.keystats import key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan
 from cacheroute.planner.planning import compute_plan
-from cacheroute.planner.prefixes import PrefixMemory, follow_target
+from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS, PrefixFollower
 from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.routing import (
@@ -53,7 +54,6 @@ from cacheroute.planner.tokenload import (
     DEFAULT_TOKENS_PER_LOAD_UNIT,
     TokenEstimator,
     check_tokens_per_unit,
-    uncached_tokens,
 )
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 
@@ -65,14 +65,12 @@ DEFAULT_WINDOW_S = 1800.0
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    """How the router measures load (the router's `--tokens-per-load-unit`) and, in the replay
-    only, whether requests follow their longest routed prefix.
+    """How the router measures load (`--tokens-per-load-unit`) and whether requests follow their
+    longest routed prefix (`--follow-prefixes`, `prefixes.PrefixFollower`, a memory of
+    `--prefix-memory-blocks`).
 
-    The defaults are the router's request-count load, the routing of this project before
-    token-aware load; `CACHEROUTE_ROUTING` is what the router runs by default now. Following
-    prefixes (`follow_prefixes`, `prefixes.PrefixMemory`) is a replay experiment: the router has
-    no prefix memory, so no policy the router runs may turn it on (`cacheroute-follow` does, to
-    measure it).
+    The defaults are the router's routing before token-aware load and prefix memory (request-count
+    load, no memory); `CACHEROUTE_ROUTING` is what the router runs by default now.
     """
 
     tokens_per_unit: float = 0.0  # 0: load counts requests only
@@ -82,13 +80,16 @@ class RoutingSettings:
     widen_planned: bool = False
     follow_ratio: float = DEFAULT_FOLLOW_RATIO
     follow_slack: float = DEFAULT_FOLLOW_SLACK
+    prefix_memory_blocks: int = DEFAULT_PREFIX_MEMORY_BLOCKS
 
     def __post_init__(self) -> None:
         check_tokens_per_unit(self.tokens_per_unit)
         check_follow(self.follow_ratio, self.follow_slack)
+        if self.prefix_memory_blocks < 1:
+            raise ValueError(f"prefix memory must hold at least 1 block, got {self.prefix_memory_blocks}")
 
 
-CACHEROUTE_ROUTING = RoutingSettings(tokens_per_unit=DEFAULT_TOKENS_PER_LOAD_UNIT)
+CACHEROUTE_ROUTING = RoutingSettings(tokens_per_unit=DEFAULT_TOKENS_PER_LOAD_UNIT, follow_prefixes=True)
 
 
 class EngineLoads:
@@ -149,11 +150,10 @@ class Planned(Policy):
         if r.tokens_per_unit > 0:
             view.charge = [0] * len(view.trace)
         # The router's memory of routed prefixes holds as many blocks as the fleet's KV cache.
-        self._memory: PrefixMemory | None = None
+        # The router's memory of routed prefixes, as large as the router's.
+        self._follower: PrefixFollower | None = None
         if r.follow_prefixes:
-            prof = view.profile
-            held = view.n * (prof.kv_capacity_tokens + prof.host_kv_capacity_tokens) // view.block_size
-            self._memory = PrefixMemory(max(1, held))
+            self._follower = PrefixFollower(r.prefix_memory_blocks, view.block_size, self._unit)
         self.planned_requests = 0
         self.spilled_requests = 0
         self.followed_requests = 0
@@ -209,22 +209,20 @@ class Planned(Policy):
     def route(self, i: int, now: float) -> int:
         view = self.view
         k = view.key[i]
-        memory = self._memory
+        follower = self._follower
         charge = view.charge
         follow = None
         gain = 0.0
         blocks: list[int] = []
         tokens = 0
-        if memory is not None or charge is not None:
+        if follower is not None or charge is not None:
             # What the router reads off the body: its size, and the prefixes it routed before.
             tokens = self._estimator.estimate(view.input_tokens[i] * BYTES_PER_TOKEN)
-        if memory is not None:
+        if follower is not None:
             blocks = view.blocks(i)
-            depth, at = memory.match(blocks)
-            matched = min(depth * view.block_size, tokens)
-            follow = follow_target(matched, tokens, at)
-            if follow is not None:
-                gain = matched * self._unit
+            at, gain = follower.target(blocks, tokens)
+            if at >= 0:
+                follow = at
         if k == NO_KEY:
             outcome, d = self._rule.choose(None, None, self._usable, follow=follow, follow_gain=gain)
         else:
@@ -239,14 +237,11 @@ class Planned(Policy):
             self.spilled_requests += 1
         elif outcome == FOLLOWED:
             self.followed_requests += 1
+        c = follower.settle(blocks, d, tokens) if follower is not None else tokens
         if charge is not None:
-            held = memory.held_by(blocks, d) * view.block_size if memory is not None else 0
-            c = uncached_tokens(tokens, held)
             charge[i] = c
             view.inflight_tokens[d] += c
             view.total_inflight_tokens += c
-        if memory is not None:
-            memory.record(blocks, d)
         return d
 
 

@@ -42,7 +42,11 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
     "prefix-tree": (PrefixTree, "SGLang cache_aware approximate prefix tree"),
     "gie-prefix": (GiePrefixScorer, "GIE EPP default scorers: prefix 3, queue 2, KV usage 2"),
     "preble": (Preble, "Preble E2 exploit/explore on a global prefix index"),
-    "cacheroute": (CacheRoute, "planned prefix affinity, re-planned every control period; token-aware load"),
+    "cacheroute": (
+        CacheRoute,
+        "planned prefix affinity, re-planned every control period; token-aware load; requests follow their "
+        "longest routed prefix",
+    ),
     "cacheroute-p2c": (
         lambda: CacheRoute(PlannerSettings(unplanned="p2c"), routing=REPORT_ROUTING),
         "planned keys pinned to their plan entry, everything else on random p2c, load in requests: as the report",
@@ -53,15 +57,15 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
     ),
     "cacheroute-requests": (
         lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
-        "cacheroute with load in requests only (no prompt tokens)",
+        "cacheroute with load in requests only (no prompt tokens; router --tokens-per-load-unit 0)",
     ),
     "cacheroute-widen": (
         lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, widen_planned=True)),
         "cacheroute with planned keys widened to their ring pair plus planned destinations (router --widen-planned)",
     ),
-    "cacheroute-follow": (
-        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, follow_prefixes=True)),
-        "replay only (the router has no prefix memory): cacheroute, requests following their longest routed prefix",
+    "cacheroute-nofollow": (
+        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
+        "cacheroute without the memory of routed prefixes (router --no-follow-prefixes)",
     ),
     "cacheroute-before": (
         lambda: CacheRoute(routing=BEFORE_ROUTING),
@@ -79,7 +83,7 @@ _CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None, RoutingSettings]] = {
     "cacheroute-guard": (True, None, CACHEROUTE_ROUTING),
     "cacheroute-p2c": (False, "p2c", REPORT_ROUTING),
     "cacheroute-requests": (False, None, replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
-    "cacheroute-follow": (False, None, replace(CACHEROUTE_ROUTING, follow_prefixes=True)),
+    "cacheroute-nofollow": (False, None, replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
     "cacheroute-widen": (False, None, replace(CACHEROUTE_ROUTING, widen_planned=True)),
     "cacheroute-before": (False, None, BEFORE_ROUTING),
 }

@@ -10,15 +10,16 @@ in the same run.
    for every policy (the replay's default profile: Llama-3.3-70B FP8, TP=2, bf16 KV, no host
    tier). CacheRoute against the best per-request baseline (target 1.3x), key-seeded p2c among
    them.
-2. `ablation`: on the same workload, CacheRoute with load in requests or token-aware, on an engine
-   without or with the host-memory KV tier the memory plan sizes (`auto` on a 2 TiB, 8-GPU node):
-   token-aware alone, host tier alone, both; the best per-request baselines on the host-tier engine
-   alongside, so the host tier's gain is not credited to routing.
+2. `ablation`: on the same workload, CacheRoute with load in requests or token-aware, with or
+   without its memory of routed prefixes, on an engine without or with the host-memory KV tier the
+   memory plan sizes (`auto` on a 2 TiB, 8-GPU node): each component alone and together; the best
+   per-request baselines on the host-tier engine alongside, so the host tier's gain is not
+   credited to routing.
 3. `product`: the operator's configuration (memory plan of the pool: fp8 KV as the pool asks, host
    tier auto, the chosen max-num-batched-tokens, `--kv-cache-memory-bytes` from the plan) with
    CacheRoute, against vLLM's defaults (`--gpu-memory-utilization 0.9`,
    `--max-num-batched-tokens 8192`, bf16 KV, no host tier) with p2c (target 2.3x, served KV hit
-   >= 80 %); the bf16-KV operator configuration too.
+   >= 80 %); the bf16-KV operator configuration, and p2c and Preble on the operator's engine, too.
 4. `mnbt`: served capacity of the operator's engine at each max-num-batched-tokens candidate, with
    the KV capacity the memory plan leaves at that value (issue 17 item 4).
 5. `traces`: every Mooncake trace of the shared folder, 8 destinations, key = first 4 blocks, SLO
@@ -211,23 +212,26 @@ def bench_ablation(trace: RequestTrace) -> dict[str, Any]:
     log(f"[ablation] host tier {host.host_kv_capacity_tokens:,} tokens per destination "
         f"(GPU {gpu.kv_capacity_tokens:,})")
     jobs: list[Job] = [
-        ("neither (load in requests)", "cacheroute-requests", gpu, PAPER_DESTINATIONS),
-        ("token-aware load alone", "cacheroute", gpu, PAPER_DESTINATIONS),
-        ("host tier alone", "cacheroute-requests", host, PAPER_DESTINATIONS),
-        ("both", "cacheroute", host, PAPER_DESTINATIONS),
+        ("neither (load in requests, no prefix memory)", "cacheroute-before", gpu, PAPER_DESTINATIONS),
+        ("token-aware load alone", "cacheroute-nofollow", gpu, PAPER_DESTINATIONS),
+        ("prefix following alone", "cacheroute-requests", gpu, PAPER_DESTINATIONS),
+        ("token-aware load + prefix following", "cacheroute", gpu, PAPER_DESTINATIONS),
+        ("host tier alone", "cacheroute-before", host, PAPER_DESTINATIONS),
+        ("host tier + token-aware load", "cacheroute-nofollow", host, PAPER_DESTINATIONS),
+        ("all three", "cacheroute", host, PAPER_DESTINATIONS),
         ("p2c, host tier", "p2c", host, PAPER_DESTINATIONS),
         ("key-p2c, host tier", "key-p2c", host, PAPER_DESTINATIONS),
         ("preble, host tier", "preble", host, PAPER_DESTINATIONS),
     ]
     res = search(trace, jobs, SLO)
-    base = res["neither (load in requests)"]["capacity_qps"]
+    base = res["neither (load in requests, no prefix memory)"]["capacity_qps"]
     best_host = best_of(res, ("p2c, host tier", "key-p2c, host tier", "preble, host tier"))
     ratios = {k: ratio(v["capacity_qps"], base) for k, v in res.items()}
-    vs = ratio(res["both"]["capacity_qps"], res[best_host]["capacity_qps"])
+    vs = ratio(res["all three"]["capacity_qps"], res[best_host]["capacity_qps"])
     log("    vs neither: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
-    log(f"    both / best per-request on the host-tier engine ({best_host}) = {vs:.3f}")
+    log(f"    all three / best per-request on the host-tier engine ({best_host}) = {vs:.3f}")
     return {"engines": {"gpu": gpu.name, "host": host.name, "host_kv_capacity_tokens": host.host_kv_capacity_tokens},
-            "policies": res, "ratio_vs_neither": ratios, "both_vs_best_per_request_host": vs,
+            "policies": res, "ratio_vs_neither": ratios, "all_vs_best_per_request_host": vs,
             "best_per_request_host": best_host}
 
 
@@ -243,6 +247,7 @@ def bench_product(trace: RequestTrace) -> dict[str, Any]:
         ("operator (fp8 KV) + CacheRoute", "cacheroute", ours, PAPER_DESTINATIONS),
         ("operator (bf16 KV) + CacheRoute", "cacheroute", ours_bf16, PAPER_DESTINATIONS),
         ("operator (fp8 KV) + p2c", "p2c", ours, PAPER_DESTINATIONS),
+        ("operator (fp8 KV) + preble", "preble", ours, PAPER_DESTINATIONS),
     ]
     res = search(trace, jobs, SLO)
     base = res["vLLM defaults + p2c"]["capacity_qps"]

@@ -50,16 +50,21 @@ def _plan(routes: dict[str, list[int]], n: int):
 
 
 def test_guard_rejects_a_plan_that_piles_every_key_on_one_destination(workload) -> None:
-    # Routed by their plan entries (the default), bounded spill sends most of the pile elsewhere,
-    # so the plan buys no KV hit over p2c.
+    # Routed by their plan entries alone (no prefix memory), bounded spill sends most of the pile
+    # elsewhere, so the plan buys no KV hit over p2c.
     window = workload.time_scaled(2.0)
     bad = _plan({k: [0] for k in window.key_names}, 4)
-    v = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
+    entries_only = RoutingSettings()
+    v = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=entries_only)
     assert not v.passed
     assert "does not beat p2c" in v.reason or "worse than p2c" in v.reason
     # Widened (router --widen-planned), every key keeps its ring pair, and the pile is gone.
     widened = RoutingSettings(widen_planned=True)
     assert guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=widened).passed
+    # As the router routes by default, a spilled request's next turn follows it to where it went,
+    # so the pile costs no affinity either.
+    followed = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
+    assert followed.passed and followed.candidate.kv_hit > v.candidate.kv_hit
 
 
 def test_guard_passes_a_plan_that_spreads_keys_with_affinity(workload) -> None:

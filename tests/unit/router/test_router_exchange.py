@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -15,6 +14,7 @@ from cacheroute.router.extproc import Exchange, RouterCore
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker
 from cacheroute.router.table import build_table
+from tests.support.extproc import body, handle, headers, routed_to, sample
 
 Mode = processing_mode_pb2.ProcessingMode
 ADDRESSES = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
@@ -29,40 +29,6 @@ def make_core(max_body_bytes: int = 1 << 20, ready: bool = True) -> RouterCore:
     picker.install(build_table(plan, "v1"))
     metrics = RouterMetrics(pool, sketch_size=16, export_key_names=False)
     return RouterCore(picker, metrics, max_body_bytes=max_body_bytes)
-
-
-def handle(ex: Exchange, request: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-    """The exchange's replies to one message, parsed (they leave it serialized)."""
-    return [pb.ProcessingResponse.FromString(reply) for reply in ex.handle(request)]
-
-
-def sample(core: RouterCore, name: str, **labels: str) -> float | None:
-    return core.metrics.registry.get_sample_value(name, labels)
-
-
-def headers(mode: int, *, key: str | None = None, eos: bool = False) -> pb.ProcessingRequest:
-    values = [base_pb2.HeaderValue(key=":method", raw_value=b"POST")]
-    if key is not None:
-        values.append(base_pb2.HeaderValue(key="x-affinity-key", raw_value=key.encode()))
-    return pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=values), end_of_stream=eos),
-        protocol_config=pb.ProtocolConfiguration(request_body_mode=mode, response_body_mode=Mode.NONE),
-    )
-
-
-def body(chunk: bytes, eos: bool) -> pb.ProcessingRequest:
-    return pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=eos))
-
-
-def routed_to(response: pb.ProcessingResponse) -> str:
-    phase = response.WhichOneof("response")
-    common = getattr(response, phase).response
-    assert common.clear_route_cache
-    value: str = common.header_mutation.set_headers[0].header.raw_value.decode()
-    assert response.dynamic_metadata.fields["envoy.lb"].struct_value.fields[
-        "x-gateway-destination-endpoint"
-    ].string_value == value
-    return value
 
 
 def echoed(response: pb.ProcessingResponse) -> tuple[bytes, bool]:

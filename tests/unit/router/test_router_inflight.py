@@ -150,11 +150,11 @@ def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]], monkeypat
     real_pick = picker.pick
     real_route = core.route_response
 
-    def pick(*args: Any) -> Any:
+    def pick(*args: Any, **kwargs: Any) -> Any:
         if failures["armed"]:
             failures["armed"] = False
             raise InjectedError("pick")
-        return real_pick(*args)
+        return real_pick(*args, **kwargs)
 
     def route(*args: Any) -> Any:
         # Fails after the endpoint was acquired: the fallback must not leak it.

@@ -5,6 +5,9 @@ each, a plan, the spill settings, how unplanned keys are routed, how many prompt
 request, a random seed), the router's `Picker` and the replay's `Planned` policy take the same
 sequence of requests (planned keys, unplanned keys, keyless; each of some prompt size, charged to
 the destination it goes to) and must send every one to the same destination with the same outcome.
+With prefix following on, each request also carries its prompt's chain of prefix ids (turns of a
+few conversations, so later turns extend earlier ones): both sides remember where every chain went
+and follow it under the same load bound.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.replay.planned import Planned, RoutingSettings
 from cacheroute.planner.replay.policy import RouterView
 from cacheroute.planner.replay.run import destination_ids
-from cacheroute.planner.routing import KEY_P2C, P2C, PLANNED, SPILLED
+from cacheroute.planner.routing import FOLLOWED, KEY_P2C, P2C, PLANNED, SPILLED
 from cacheroute.planner.tokenload import BYTES_PER_TOKEN, TokenEstimator
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.picker import Picker
+from cacheroute.router.prompts import BLOCK_TOKENS
 from cacheroute.router.table import build_table
 
 KEYS = [f"user-{i}" for i in range(12)]
@@ -50,6 +54,8 @@ class State:
     tokens_per_unit: float = 0.0
     pinned: tuple[str, ...] = ()  # planned keys kept to their entry
     widen_planned: bool = False
+    follow: bool = False
+    chains: tuple[tuple[int, ...], ...] = ()  # each request's prefix ids (empty: none known)
 
 
 @st.composite
@@ -60,6 +66,13 @@ def states(draw: st.DrawFn) -> State:
     entry = st.lists(st.integers(0, n - 1), min_size=1, max_size=min(n, 3), unique=True)
     planned_keys = draw(st.lists(st.sampled_from(KEYS), max_size=8, unique=True))
     requests = draw(st.lists(st.one_of(st.none(), st.sampled_from(KEYS)), min_size=1, max_size=6))
+    # Turns of three conversations: turn t of conversation c has the prefix ids (c, 0) .. (c, t).
+    turns = st.tuples(st.integers(0, 2), st.integers(0, 5))
+    chains = tuple(
+        tuple(c * 100 + b for b in range(t + 1))
+        for c, t in draw(st.lists(turns, min_size=len(requests), max_size=len(requests)))
+    )
+    small = st.integers(1, 3 * BLOCK_TOKENS)
     return State(
         in_flight=draw(loads),
         waiting=draw(loads),
@@ -70,10 +83,13 @@ def states(draw: st.DrawFn) -> State:
         unplanned=draw(st.sampled_from(UNPLANNED_MODES)),
         seed=draw(st.integers(0, 2**32 - 1)),
         requests=requests,
-        sizes=draw(st.lists(st.integers(1, 100_000), min_size=len(requests), max_size=len(requests))),
+        sizes=draw(st.lists(st.one_of(small, st.integers(1, 100_000)), min_size=len(requests),
+                            max_size=len(requests))),
         tokens_per_unit=draw(st.sampled_from([0.0, 512.0, 4096.0])),
         pinned=tuple(k for k in planned_keys if draw(st.booleans())),
         widen_planned=draw(st.booleans()),
+        follow=draw(st.booleans()),
+        chains=chains,
     )
 
 
@@ -94,7 +110,8 @@ def plan_of(state: State) -> Plan:
 def router_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     pool = EndpointPool(scraping=False)
     picker = Picker(pool, spill_slack=state.spill_slack, seed=state.seed, unplanned=state.unplanned,
-                    tokens_per_unit=state.tokens_per_unit, widen_planned=state.widen_planned)
+                    tokens_per_unit=state.tokens_per_unit, widen_planned=state.widen_planned,
+                    follow_prefixes=state.follow)
     pool.set_plan_destinations(plan.destinations)
     picker.install(build_table(plan, "v1"))
     index = {d.address: i for i, d in enumerate(plan.destinations)}
@@ -108,13 +125,18 @@ def router_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
         pool.record_scrape(endpoint, ok=True, waiting=queued)
     estimator = TokenEstimator()
     out = []
-    for key, size in zip(state.requests, state.sizes, strict=True):
-        decision = picker.pick(affinity_key_hash(key) if key is not None else None)
+    for i, (key, size) in enumerate(zip(state.requests, state.sizes, strict=True)):
+        # What the exchange passes: the prompt tokens estimated from a body of that size, the chain.
+        decision = picker.pick(affinity_key_hash(key) if key is not None else None,
+                               prompt_tokens=estimator.estimate(size * BYTES_PER_TOKEN), chain=chain_of(state, i))
         endpoint = decision.endpoints[0]
-        # What the exchange charges: the prompt tokens estimated from a body of that size.
-        pool.acquire(endpoint, estimator.estimate(size * BYTES_PER_TOKEN) if picker.token_aware else 0)
+        pool.acquire(endpoint, decision.charge)
         out.append((decision.outcome, index[endpoint.address]))
     return out
+
+
+def chain_of(state: State, i: int) -> tuple[int, ...]:
+    return state.chains[i] if i < len(state.chains) else ()
 
 
 def trace_of(requests: Sequence[str | None], sizes: Sequence[int]) -> RequestTrace:
@@ -127,7 +149,7 @@ def trace_of(requests: Sequence[str | None], sizes: Sequence[int]) -> RequestTra
         output_tokens=np.ones(n, dtype=np.int64),
         block_offsets=np.arange(n + 1, dtype=np.int64),
         block_ids=np.arange(n, dtype=np.int64),
-        block_size=4,
+        block_size=BLOCK_TOKENS,
         key_names=tuple(names),
     )
 
@@ -137,7 +159,7 @@ def replay_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     req = RequestTable(trace.arrival_s.tolist(), trace.input_tokens.tolist(), trace.output_tokens.tolist())
 
     def blocks(i: int) -> list[int]:
-        return [i]
+        return list(chain_of(state, i))
 
     n = len(state.in_flight)
     engines = [Engine(d, PROFILE, trace.block_size, req, blocks) for d in range(n)]
@@ -146,7 +168,7 @@ def replay_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     view = RouterView(trace, engines, req, destination_ids=destination_ids(n), profile=PROFILE, get_blocks=blocks)
     policy = Planned(plan, spill_slack=state.spill_slack, unplanned=state.unplanned,
                      routing=RoutingSettings(tokens_per_unit=state.tokens_per_unit,
-                                             widen_planned=state.widen_planned))
+                                             widen_planned=state.widen_planned, follow_prefixes=state.follow))
     policy.bind(view, state.seed)
     view.inflight[:] = state.in_flight
     view.total_inflight = sum(state.in_flight)
@@ -201,3 +223,17 @@ def test_prompt_tokens_in_flight_turn_the_same_decision_in_both() -> None:
     assert any(d == 0 for _, d in router_decisions(blind, plan_of(blind)))
     for state in (State(**{**base.__dict__, "in_flight_tokens": heavy}), blind):
         assert router_decisions(state, plan_of(state)) == replay_decisions(state, plan_of(state))
+
+
+def test_a_later_turn_follows_its_conversation_in_both() -> None:
+    """The memory of routed prefixes is part of the parity: a conversation's next turn goes where its
+    first turn went, though p2c would draw elsewhere, in the router and in the replay."""
+    state = State(in_flight=[0, 0, 0, 0], waiting=[0, 0, 0, 0], in_flight_tokens=[0] * 4, routes={},
+                  spill_threshold=1.5, spill_slack=2.0, unplanned="p2c", seed=11,
+                  requests=[None] * 6, sizes=[600, 100, 100, 100, 100, 900], tokens_per_unit=4096.0,
+                  follow=True, chains=((7, 8), (1,), (2,), (3,), (4,), (7, 8, 9, 10)))
+    decisions = router_decisions(state, plan_of(state))
+    assert decisions[-1] == (FOLLOWED, decisions[0][1])
+    assert decisions == replay_decisions(state, plan_of(state))
+    forgetful = State(**{**state.__dict__, "follow": False})
+    assert router_decisions(forgetful, plan_of(forgetful))[-1][0] == P2C

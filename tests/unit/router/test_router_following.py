@@ -1,0 +1,159 @@
+"""Following routed prefixes in the router: the prompt's prefix chain, the memory over endpoints,
+and one ext_proc stream per turn of a conversation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+
+from cacheroute.planner.plan import Destination, plan_from_routes
+from cacheroute.router.endpoints import EndpointPool
+from cacheroute.router.extproc import Exchange, RouterCore
+from cacheroute.router.metrics import RouterMetrics
+from cacheroute.router.picker import Picker
+from cacheroute.router.prompts import BLOCK_CHARS, BLOCK_TOKENS, MAX_BLOCKS, prefix_chain, prompt_text
+from cacheroute.router.table import build_table
+from tests.support.extproc import body, handle, headers, routed_to, sample
+
+Mode = processing_mode_pb2.ProcessingMode
+ADDRESSES = [f"10.0.1.{i}:8000" for i in range(1, 9)]
+
+
+def chat(*turns: str, system: str = "You are terse.") -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return {"model": "m", "messages": messages}
+
+
+# --- the chain -------------------------------------------------------------------------------------
+
+
+def test_a_later_turn_extends_the_chain_of_the_earlier_one() -> None:
+    first = prefix_chain(prompt_text(chat("a" * 3000)))
+    later = prefix_chain(prompt_text(chat("a" * 3000, "b" * 500, "c" * 800)))
+    assert len(first) == -(-len(prompt_text(chat("a" * 3000))) // BLOCK_CHARS)
+    # Every full block of the first prompt is shared; its last, partial block is not.
+    assert later[: len(first) - 1] == first[:-1]
+    assert later[len(first) - 1] != first[-1]
+
+
+def test_prompts_that_differ_early_share_nothing_after_the_difference() -> None:
+    one = prefix_chain(prompt_text(chat("x" * 5000)))
+    other = prefix_chain(prompt_text(chat("x" * 5000, system="You are verbose.")))
+    assert one[0] != other[0]
+    assert not set(one) & set(other)
+
+
+def test_moving_text_between_messages_changes_the_chain() -> None:
+    a = prefix_chain(prompt_text(chat("hello world", "ok")))
+    b = prefix_chain(prompt_text(chat("hello", " world ok")))
+    assert a != b
+
+
+def test_completions_prompts_and_responses_input_have_chains() -> None:
+    assert prefix_chain(prompt_text({"prompt": "p" * 2500})) == prefix_chain("p" * 2500)
+    assert len(prefix_chain(prompt_text({"prompt": ["q" * 10]}))) == 1
+    assert len(prefix_chain(prompt_text({"input": "r" * 10, "instructions": "be brief"}))) == 1
+    assert prefix_chain(prompt_text({"model": "m"})) == []
+
+
+def test_a_huge_prompt_stops_its_chain_at_the_cap() -> None:
+    assert len(prefix_chain("z" * (BLOCK_CHARS * (MAX_BLOCKS + 10)))) == MAX_BLOCKS
+
+
+# --- the memory over endpoints -----------------------------------------------------------------------
+
+
+def following_picker(n: int = 8) -> Picker:
+    pool = EndpointPool(scraping=False)
+    picker = Picker(pool, seed=5, unplanned="p2c", follow_prefixes=True)
+    plan = plan_from_routes("pool", [Destination(f"pool-{i}", a) for i, a in enumerate(ADDRESSES[:n])], {})
+    pool.set_plan_destinations(plan.destinations)
+    picker.install(build_table(plan, "v1"))
+    return picker
+
+
+def test_every_turn_of_a_conversation_goes_where_the_first_went() -> None:
+    picker = following_picker()
+    turns = ["t" * 4000]
+    first = picker.pick(None, prompt_tokens=1100, chain=prefix_chain(prompt_text(chat(*turns))))
+    followed = []
+    for i in range(6):
+        turns += [f"answer {i} " * 20, f"question {i} " * 20]
+        chain = prefix_chain(prompt_text(chat(*turns)))
+        decision = picker.pick(None, prompt_tokens=len(prompt_text(chat(*turns))) // 4, chain=chain)
+        followed.append(decision.endpoints[0])
+        assert decision.outcome in ("followed", "p2c")
+    assert set(followed) == {first.endpoints[0]}
+    # Without the memory, plain p2c scatters the same turns.
+    forgetful = Picker(picker.pool, seed=5, unplanned="p2c")
+    scattered = {forgetful.pick(None).endpoints[0] for _ in range(6)}
+    assert len(scattered) > 1
+
+
+def test_a_turn_is_charged_only_what_its_endpoint_does_not_hold() -> None:
+    picker = following_picker()
+    chain = prefix_chain(prompt_text({"prompt": "h" * (40 * BLOCK_CHARS)}))
+    tokens = 40 * BLOCK_TOKENS
+    first = picker.pick(None, prompt_tokens=tokens, chain=chain)
+    assert first.charge == tokens
+    # The next turn: the whole history plus one new block of 50 tokens.
+    again = picker.pick(None, prompt_tokens=tokens + 50, chain=[*chain, 12345])
+    assert again.endpoints[0] is first.endpoints[0]
+    assert again.charge == 50
+
+
+def test_an_endpoint_that_leaves_is_forgotten() -> None:
+    picker = following_picker(3)
+    chain = prefix_chain(prompt_text(chat("k" * 8000)))
+    first = picker.pick(None, prompt_tokens=2000, chain=chain).endpoints[0]
+    assert picker.remembered_prefixes == len(chain)
+    remaining = [a for a in ADDRESSES[:3] if a != first.address]
+    picker.pool.set_plan_destinations([Destination(f"pool-{a}", a) for a in remaining])
+    assert picker.remembered_prefixes == 0
+    decision = picker.pick(None, prompt_tokens=2000, chain=chain)
+    assert decision.outcome == "p2c" and decision.endpoints[0].address in remaining
+
+
+def test_a_stuffed_destination_is_not_followed_past_the_load_bound() -> None:
+    picker = following_picker(2)
+    chain = prefix_chain(prompt_text(chat("s" * 8000)))
+    first = picker.pick(None, prompt_tokens=2000, chain=chain).endpoints[0]
+    for _ in range(40):
+        picker.pool.acquire(first)
+    decision = picker.pick(None, prompt_tokens=2000, chain=chain)
+    assert decision.endpoints[0] is not first
+
+
+# --- one stream per turn ----------------------------------------------------------------------------
+
+
+def following_core() -> RouterCore:
+    picker = following_picker()
+    return RouterCore(picker, RouterMetrics(picker.pool, sketch_size=16, export_key_names=False),
+                      max_body_bytes=1 << 20)
+
+
+def test_with_a_key_header_the_router_still_reads_the_body_to_follow() -> None:
+    core = following_core()
+    conversation = chat("d" * 6000)
+    ex = Exchange(core)
+    (first,) = handle(ex, headers(Mode.BUFFERED, key="alice"))
+    assert first.WhichOneof("response") == "request_headers"
+    assert not first.request_headers.response.HasField("header_mutation")
+    (reply,) = handle(ex, body(json.dumps(conversation).encode(), True))
+    went = routed_to(reply)
+    ex.finish()
+    assert ex.key is not None and ex.key.name == "alice"
+    conversation["messages"] += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    for _ in range(3):
+        ex = Exchange(core)
+        handle(ex, headers(Mode.FULL_DUPLEX_STREAMED))
+        replies = handle(ex, body(json.dumps(conversation).encode(), True))
+        assert routed_to(replies[0]) == went
+        ex.finish()
+    followed = sample(core, "cacheroute_router_decisions_total", outcome="followed") or 0.0
+    assert followed + (sample(core, "cacheroute_router_decisions_total", outcome="p2c") or 0.0) == 4
