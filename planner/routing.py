@@ -26,7 +26,8 @@ decide through `RoutingRule.choose`, so what the replay measures is what the rou
    `follow_ratio x` the load of the destination steps 1-4 chose, plus `follow_slack`, plus
    `follow_gain`: what the request itself weighs less there, its remembered prefix in the
    units of load (`tokenload.py`). The next turn of a conversation finds its history in that
-   destination's cache; a long shared document is not prefilled twice.
+   destination's cache; a long shared document is not prefilled twice. A key the plan pins
+   (`pinned`: a route the AffinityPlan fixes) stays on its entry unless it spills.
 
 Load is whatever the caller's `Loads` says: the rule compares loads and never measures them
 (both callers count requests in flight, queued requests, and prompt tokens in flight:
@@ -182,7 +183,7 @@ class RoutingRule(Generic[D]):
         plan entry, a ring candidate or `follow` is among them (None: all of them are). `follow`
         is where the caller's memory says most of this prompt was sent before (None: nowhere), and
         `follow_gain` what the request weighs less there, in load units. A `pinned` plan entry
-        is taken as it is, without the key's ring candidates.
+        is taken as it is, without the key's ring candidates, and is not left to follow a prefix.
         """
         # One function, no helper call: this runs once per request on the router's hot path.
         outcome = P2C
@@ -206,6 +207,7 @@ class RoutingRule(Generic[D]):
         if (
             follow is not None
             and follow != chosen
+            and not (pinned and outcome == PLANNED)
             and self.follow_ratio > 0
             and (is_usable is None or is_usable(follow))
             and self._load(follow) <= self.follow_ratio * self._load(chosen) + self.follow_slack + follow_gain

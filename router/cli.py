@@ -207,7 +207,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             max=MAX_PREFIX_MEMORY_BLOCKS,
             envvar=_env("PREFIX_MEMORY_BLOCKS"),
             help="Prompt prefixes of 256 tokens the router remembers for --follow-prefixes "
-            "(least recently routed out; about 230 bytes each).",
+            "(least recently routed out; about 180 bytes each).",
         ),
     ] = DEFAULT_PREFIX_MEMORY_BLOCKS,
     scrape_interval: Annotated[

@@ -218,7 +218,7 @@ class Picker:
             group = view.table.routes.get(key_hash)
             if group is not None:
                 planned = view.groups[group]
-                pinned = self._widen and key_hash in view.table.pinned
+                pinned = key_hash in view.table.pinned
                 if allowed is not None:
                     planned = tuple(e for e in planned if e.address in allowed)
         prefixes = self._prefixes if chain else None

@@ -16,6 +16,7 @@ from cacheroute.operator.api.common import (
     ObjectMeta,
     enforce,
 )
+from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
 
 QUANTIZATIONS = ("bf16", "fp8")
@@ -162,6 +163,18 @@ class RouterSpec(ApiModel):
         ge=1.0,
         le=100.0,
         description="Spill a planned key when its destination's in-flight exceeds this multiple of the mean.",
+    )
+    follow_prefixes: bool = Field(
+        default=True,
+        description="Send a request where the longest prefix of its prompt went before (a conversation's next "
+        "turn to its cached history), within the spill bound; needs Envoy's BUFFERED or FULL_DUPLEX_STREAMED "
+        "request body mode.",
+    )
+    prefix_memory_blocks: int = Field(
+        default=DEFAULT_PREFIX_MEMORY_BLOCKS,
+        ge=1,
+        le=16_777_216,
+        description="Prompt prefixes of 256 tokens each router remembers for followPrefixes (about 180 bytes each).",
     )
 
 

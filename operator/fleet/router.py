@@ -87,6 +87,8 @@ def picker_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorCo
         "--session-header", r.session_header or "",
         "--prompt-prefix-chars", str(r.prompt_prefix_chars),
         "--spill-threshold", f"{r.spill_threshold:g}",
+        "--follow-prefixes" if r.follow_prefixes else "--no-follow-prefixes",
+        "--prefix-memory-blocks", str(r.prefix_memory_blocks),
         # Envoy's ORIGINAL_DST cluster takes a single address.
         "--fallbacks", "0",
         "--scrape-interval", f"{config.router.scrape_interval_seconds:g}",

@@ -145,6 +145,11 @@ def test_router_arguments_parse_with_the_router_commands_as_they_are() -> None:
     assert serve.params["plan_dir"] is not None and serve.params["service"] == "llama"
     assert serve.params["session_header"] == "X-Session" and serve.params["prompt_prefix_chars"] == 256
     assert serve.params["fallbacks"] == 0
+    assert serve.params["follow_prefixes"] is True and serve.params["prefix_memory_blocks"] == 262_144
+    off = SPEC.model_copy(update={"router": SPEC.router.model_copy(update={"follow_prefixes": False,
+                                                                          "prefix_memory_blocks": 1000})})
+    serve = command.commands["serve"].make_context("serve", router.picker_args(POOL, off, CONFIG)[2:])  # type: ignore[attr-defined]
+    assert serve.params["follow_prefixes"] is False and serve.params["prefix_memory_blocks"] == 1000
 
 
 def test_router_role_grants_only_endpointslice_reads_and_the_operator_holds_it() -> None:
