@@ -3,8 +3,9 @@
 The replay gets the requests the load generator sent (both sendings of the slice, warm-ups
 included, with the pauses the loop took between them to settle counters and to plan), the pool's
 destinations with the KV capacity of its memory plan, the engine profile the emulators run, and
-the router's rule: every key by key-seeded p2c (an empty plan) until the planned sending, the
-plan the operator published from then on. Its served KV hit per phase is what the loop should
+the router's rule as the router runs it (token-aware load, following routed prefixes): every key
+by key-seeded p2c (an empty plan) until the planned sending, the plan the operator published from
+then on. Its served KV hit per phase is what the loop should
 measure if emulators, router and replay agree.
 """
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from cacheroute.planner.plan import Plan
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE
-from cacheroute.planner.replay.planned import Planned
+from cacheroute.planner.replay.planned import CACHEROUTE_ROUTING, Planned
 from cacheroute.planner.replay.run import ReplayConfig, ReplayResult, replay_trace
 from cacheroute.planner.trace import RequestTrace
 from cacheroute.sandbox.loadgen.schedule import Schedule
@@ -29,7 +30,7 @@ class PhaseSwitch(Planned):
     name = "p2c-then-plan"
 
     def __init__(self, plan: Plan, switch_s: float) -> None:
-        super().__init__(None)
+        super().__init__(None, routing=CACHEROUTE_ROUTING)
         self._pending: Plan | None = plan
         self._switch_s = switch_s
 

@@ -4,11 +4,13 @@ and one ext_proc stream per turn of a conversation."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
-from cacheroute.planner.plan import Destination, plan_from_routes
+from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.extproc import Exchange, RouterCore
 from cacheroute.router.metrics import RouterMetrics
@@ -157,3 +159,35 @@ def test_with_a_key_header_the_router_still_reads_the_body_to_follow() -> None:
         ex.finish()
     followed = sample(core, "cacheroute_router_decisions_total", outcome="followed") or 0.0
     assert followed + (sample(core, "cacheroute_router_decisions_total", outcome="p2c") or 0.0) == 4
+
+
+def test_short_equal_prompts_do_not_pull_a_request_off_its_route() -> None:
+    """A greeting shorter than one block is sent by many users: it is not worth following."""
+    picker = following_picker()
+    greeting = prefix_chain(prompt_text(chat("hello")))
+    first = picker.pick(None, prompt_tokens=20, chain=greeting).endpoints[0]
+    outcomes = {picker.pick(None, prompt_tokens=20, chain=greeting).outcome for _ in range(20)}
+    assert outcomes == {"p2c"}
+    assert picker.remembered_prefixes == 1 and first is not None
+
+
+def test_a_pinned_route_is_not_left_to_follow_a_prefix() -> None:
+    pool = EndpointPool(scraping=False)
+    picker = Picker(pool, seed=5, unplanned="p2c", follow_prefixes=True)
+    destinations = [Destination(f"pool-{i}", a) for i, a in enumerate(ADDRESSES[:4])]
+    plan = plan_from_routes("pool", destinations, {affinity_key_hash("pinned"): ["pool-3"],
+                                                   affinity_key_hash("computed"): ["pool-3"]})
+    plan = replace(plan, pinned_keys=np.array([affinity_key_hash("pinned")], dtype=np.uint64))
+    pool.set_plan_destinations(plan.destinations)
+    picker.install(build_table(plan, "v1"))
+    busy = pool.by_address[ADDRESSES[3]]
+    pool.acquire(busy)
+    pool.acquire(busy)
+    chain = prefix_chain(prompt_text(chat("shared document " * 400)))
+    # The document was first sent without a key: p2c prefers the three idle endpoints.
+    elsewhere = picker.pick(None, prompt_tokens=1700, chain=chain).endpoints[0]
+    assert elsewhere is not busy
+    computed = picker.pick(affinity_key_hash("computed"), prompt_tokens=1700, chain=chain)
+    assert (computed.outcome, computed.endpoints[0]) == ("followed", elsewhere)
+    pinned = picker.pick(affinity_key_hash("pinned"), prompt_tokens=1700, chain=chain)
+    assert (pinned.outcome, pinned.endpoints[0]) == ("planned", busy)
