@@ -31,10 +31,19 @@ from cacheroute.planner.tokenload import uncached_tokens
 
 # Follow a remembered prefix only when it is more than this share of the prompt.
 FOLLOW_MIN_SHARE = 0.5
-# Prefix blocks a router remembers by default: 262,144 blocks of 256 tokens cover 67M tokens,
-# more than 30 H100 replicas hold on GPU and in host memory, in about 46 MiB of router memory
-# (183 bytes per block, measured with tracemalloc).
+# Prefix blocks a router remembers at most by default: 262,144 blocks of 256 tokens cover 67M
+# tokens, more than 30 H100 replicas hold on GPU and in host memory, in about 46 MiB of router
+# memory (183 bytes per block, measured with tracemalloc).
 DEFAULT_PREFIX_MEMORY_BLOCKS = 262_144
+
+
+def memory_blocks(fleet_kv_tokens: int, block_tokens: int, limit: int) -> int:
+    """How many prefix blocks to remember: as many as the fleet's KV cache holds (GPU and host
+    tiers; a prefix the caches have surely evicted is not worth following), at most `limit`;
+    `limit` when the fleet's capacity is not known (0)."""
+    if fleet_kv_tokens <= 0:
+        return limit
+    return max(1, min(limit, fleet_kv_tokens // block_tokens))
 
 
 class PrefixMemory:
@@ -51,6 +60,15 @@ class PrefixMemory:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def resize(self, capacity: int) -> None:
+        """Hold at most `capacity` prefixes from now on (the least recently used go first)."""
+        if capacity < 1:
+            raise ValueError(f"prefix memory capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        entries = self._entries
+        while len(entries) > capacity:
+            entries.popitem(last=False)
 
     def match(self, prefixes: Sequence[int]) -> tuple[int, int]:
         """(number of leading prefixes held, the last destination of the deepest; -1 if none)."""

@@ -206,8 +206,9 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             min=1,
             max=MAX_PREFIX_MEMORY_BLOCKS,
             envvar=_env("PREFIX_MEMORY_BLOCKS"),
-            help="Prompt prefixes of 256 tokens the router remembers for --follow-prefixes "
-            "(least recently routed out; about 180 bytes each).",
+            help="Most prompt prefixes of 256 tokens the router remembers for --follow-prefixes: as many as "
+            "the plan's destinations hold in KV cache, at most this (least recently routed out; about 180 bytes "
+            "each).",
         ),
     ] = DEFAULT_PREFIX_MEMORY_BLOCKS,
     scrape_interval: Annotated[

@@ -28,6 +28,13 @@ class RoutedPrefixes:
     def __len__(self) -> int:
         return len(self._follower.memory)
 
+    @property
+    def capacity(self) -> int:
+        return self._follower.memory.capacity
+
+    def resize(self, capacity: int) -> None:
+        self._follower.memory.resize(capacity)
+
     def sync(self, endpoints: Mapping[str, Endpoint]) -> None:
         """Follow the pool's membership: forget endpoints that left, number new ones."""
         current = set(endpoints.values())

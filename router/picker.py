@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.plan import KeyExtraction
-from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
+from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS, memory_blocks
 from cacheroute.planner.routing import (
     DEFAULT_SPILL_SLACK,
     FOLLOWED,
@@ -38,6 +38,7 @@ from cacheroute.planner.routing import (
 from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT, check_tokens_per_unit
 from cacheroute.router.endpoints import Endpoint, EndpointPool
 from cacheroute.router.following import RoutedPrefixes
+from cacheroute.router.prompts import BLOCK_TOKENS
 from cacheroute.router.settings import KeyOverrides
 from cacheroute.router.table import RoutingTable, resolve_groups
 
@@ -121,6 +122,7 @@ class Picker:
         self._random = random.Random(seed).random
         self._loads = _EndpointLoads(pool, tokens_per_unit)
         self._widen = widen_planned
+        self._prefix_limit = prefix_memory_blocks
         self._prefixes = RoutedPrefixes(prefix_memory_blocks, pool.per_token) if follow_prefixes else None
         self._view = self._make_view(RoutingTable.empty())
         pool.on_change(self.refresh)
@@ -157,6 +159,10 @@ class Picker:
 
     def install(self, table: RoutingTable) -> None:
         """Follow a new plan; the pool must already know its destinations."""
+        if self._prefixes is not None:
+            # Remember as many prefixes as the plan's destinations hold (`prefixes.memory_blocks`).
+            fleet = sum(d.kv_capacity_tokens + d.host_kv_capacity_tokens for d in table.destinations)
+            self._prefixes.resize(memory_blocks(fleet, BLOCK_TOKENS, self._prefix_limit))
         # One reference assignment: a decision sees either the old view or the new one.
         self._view = self._make_view(table)
 
@@ -170,6 +176,10 @@ class Picker:
     def follows_prefixes(self) -> bool:
         """Whether decisions want the prompt's prefix chain (`pick(..., chain=...)`)."""
         return self._prefixes is not None
+
+    @property
+    def prefix_memory_capacity(self) -> int:
+        return self._prefixes.capacity if self._prefixes is not None else 0
 
     @property
     def remembered_prefixes(self) -> int:

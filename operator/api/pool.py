@@ -174,7 +174,8 @@ class RouterSpec(ApiModel):
         default=DEFAULT_PREFIX_MEMORY_BLOCKS,
         ge=1,
         le=16_777_216,
-        description="Prompt prefixes of 256 tokens each router remembers for followPrefixes (about 180 bytes each).",
+        description="Most prompt prefixes of 256 tokens a router remembers for followPrefixes: as many as the "
+        "pool's KV cache holds, at most this (about 180 bytes each).",
     )
 
 

@@ -1,12 +1,14 @@
 """The guard step: shadow-replay the window under the candidate, the plan in effect and p2c.
 
 The replay is synthesised from the window's statistics (`guard_from_stats`), on one simulated
-destination per destination of the candidate, with the pool's KV capacity. The plan in effect
-may still name destinations that have since left the pool; the replay routes by what is left of
-it, as the router does (keys of a vanished destination spill).
+destination per destination of the candidate, with the pool's KV capacity on GPU and in host
+memory. The plan in effect may still name destinations that have since left the pool; the replay
+routes by what is left of it, as the router does (keys of a vanished destination spill).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -45,9 +47,13 @@ def restrict_plan(plan: Plan, destination_ids: tuple[str, ...]) -> Plan:
     )
 
 
-def engine_profile(kv_capacity_tokens: int) -> EngineProfile:
-    """The replay's engine: the default timing model with the pool's KV capacity when known."""
-    return DEFAULT_PROFILE.with_kv_capacity(kv_capacity_tokens) if kv_capacity_tokens > 0 else DEFAULT_PROFILE
+def engine_profile(kv_capacity_tokens: int, host_kv_capacity_tokens: int = 0) -> EngineProfile:
+    """The replay's engine: the default timing model with the pool's KV capacity when known, and
+    its host-memory tier."""
+    profile = DEFAULT_PROFILE.with_kv_capacity(kv_capacity_tokens) if kv_capacity_tokens > 0 else DEFAULT_PROFILE
+    if host_kv_capacity_tokens > 0:
+        profile = replace(profile, host_kv_capacity_tokens=host_kv_capacity_tokens)
+    return profile
 
 
 def run_guard(
@@ -58,6 +64,7 @@ def run_guard(
     settings: GuardSettings,
     duration_s: float,
     kv_capacity_tokens: int,
+    host_kv_capacity_tokens: int = 0,
 ) -> GuardVerdict:
     """The verdict on `candidate` (blocking: run it off the event loop)."""
     ids = tuple(d.id for d in candidate.destinations)
@@ -69,6 +76,6 @@ def run_guard(
         candidate,
         current_here,
         duration_s=duration_s,
-        profile=engine_profile(kv_capacity_tokens),
+        profile=engine_profile(kv_capacity_tokens, host_kv_capacity_tokens),
         settings=settings,
     )

@@ -94,12 +94,15 @@ def key_stats(window: WindowMetrics, pinned_keys: Sequence[str] = ()) -> Plannin
 
 
 def pool_destinations(pool: InferencePool, *, ready_only: bool) -> list[Destination]:
-    """The pool's destinations in ordinal order, with the memory plan's KV capacity."""
+    """The pool's destinations in ordinal order, with the memory plan's KV capacity on GPU and in
+    the host-memory tier (the planner's warm budget spans both)."""
     status = pool.status
     if status is None:
         return []
-    kv = status.memory_plan.kv_capacity_tokens if status.memory_plan is not None else 0
-    found = [Destination(d.id, d.address, 1.0, kv) for d in status.destinations if d.ready or not ready_only]
+    memory = status.memory_plan
+    kv = memory.kv_capacity_tokens if memory is not None else 0
+    host = memory.host_kv_capacity_tokens if memory is not None else 0
+    found = [Destination(d.id, d.address, 1.0, kv, host) for d in status.destinations if d.ready or not ready_only]
     return sorted(found, key=lambda d: _ordinal_key(d.id))
 
 

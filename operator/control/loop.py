@@ -424,6 +424,7 @@ class PlanLoop:
                 settings=inputs.guard_settings(w.spec),
                 duration_s=parse_duration(w.spec.guard.replay_duration),
                 kv_capacity_tokens=ready[0].kv_capacity_tokens,
+                host_kv_capacity_tokens=ready[0].host_kv_capacity_tokens,
             )
         except ValueError as exc:  # too little traffic to synthesise a replay
             self.metrics.verdict("rejected")

@@ -32,7 +32,7 @@ from cacheroute.planner.keystats import key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan
 from cacheroute.planner.planning import compute_plan
-from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS, PrefixFollower
+from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS, PrefixFollower, memory_blocks
 from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.routing import (
@@ -150,10 +150,13 @@ class Planned(Policy):
         if r.tokens_per_unit > 0:
             view.charge = [0] * len(view.trace)
         # The router's memory of routed prefixes holds as many blocks as the fleet's KV cache.
-        # The router's memory of routed prefixes, as large as the router's.
+        # The router's memory of routed prefixes, sized as the router sizes it.
         self._follower: PrefixFollower | None = None
         if r.follow_prefixes:
-            self._follower = PrefixFollower(r.prefix_memory_blocks, view.block_size, self._unit)
+            prof = view.profile
+            fleet = view.n * (prof.kv_capacity_tokens + prof.host_kv_capacity_tokens)
+            blocks = memory_blocks(fleet, view.block_size, r.prefix_memory_blocks)
+            self._follower = PrefixFollower(blocks, view.block_size, self._unit)
         self.planned_requests = 0
         self.spilled_requests = 0
         self.followed_requests = 0

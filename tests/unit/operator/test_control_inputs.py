@@ -110,11 +110,11 @@ def test_keys_without_requests_are_left_out() -> None:
     assert stats.hashes.tolist() == [affinity_key_hash("b")]
 
 
-def pool(destinations: list[dict[str, Any]], kv: int | None = 123_456) -> InferencePool:
+def pool(destinations: list[dict[str, Any]], kv: int | None = 123_456, host: int = 0) -> InferencePool:
     status: dict[str, Any] = {"destinations": destinations}
     if kv is not None:
         status["memoryPlan"] = {"kvCacheMemoryBytes": 1, "maxNumBatchedTokens": 1, "maxModelLen": 1, "maxNumSeqs": 1,
-                                "kvCapacityTokens": kv, "source": "Analytic"}
+                                "kvCapacityTokens": kv, "hostKvCapacityTokens": host, "source": "Analytic"}
     return InferencePool.model_validate(
         {"metadata": {"name": "p"}, "spec": {"model": {"name": "m"}}, "status": status}
     )
@@ -131,6 +131,11 @@ def test_destinations_are_the_ready_ones_in_ordinal_order_with_kv_capacity() -> 
     assert [d.id for d in inputs.pool_destinations(p, ready_only=False)] == ["p-2", "p-3", "p-10"]
     (unplanned,) = inputs.pool_destinations(pool([{"id": "p-0", "ready": True}], kv=None), ready_only=True)
     assert unplanned.kv_capacity_tokens == 0
+
+
+def test_destinations_carry_the_host_memory_tier_into_the_warm_budget() -> None:
+    (d,) = inputs.pool_destinations(pool([{"id": "p-0", "ready": True}], host=1_468_006), ready_only=True)
+    assert (d.kv_capacity_tokens, d.host_kv_capacity_tokens) == (123_456, 1_468_006)
 
 
 def test_spec_settings_map_onto_the_planner_and_guard() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cacheroute.operator.api.plan import AffinityPlanSpec
-from cacheroute.operator.control.guard import restrict_plan
+from cacheroute.operator.control.guard import engine_profile, restrict_plan
 from cacheroute.operator.control.loop import PlanLoop, encode_checked
 from cacheroute.operator.control.metrics import PLAN_INFO, PlanMetrics
 from cacheroute.operator.control.plans import check_payload, manual_plan, same_routing
@@ -133,3 +133,11 @@ def test_a_plan_a_router_would_refuse_is_refused_before_encoding() -> None:
     twins = [Destination("p-0", "10.0.0.1:8000"), Destination("p-1", "10.0.0.1:8000")]
     with pytest.raises(PlanError, match=re.escape("address 10.0.0.1:8000 is also p-0's")):
         encode_checked(plan_from_routes("p", twins, {1: ["p-0"]}))
+
+
+def test_the_guard_replays_the_pool_with_its_host_memory_tier() -> None:
+    gpu_only = engine_profile(200_000)
+    tiered = engine_profile(200_000, 1_468_006)
+    assert (gpu_only.kv_capacity_tokens, gpu_only.host_kv_capacity_tokens) == (200_000, 0)
+    assert (tiered.kv_capacity_tokens, tiered.host_kv_capacity_tokens) == (200_000, 1_468_006)
+    assert tiered.host_copy_s_per_token > 0

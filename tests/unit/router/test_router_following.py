@@ -191,3 +191,17 @@ def test_a_pinned_route_is_not_left_to_follow_a_prefix() -> None:
     assert (computed.outcome, computed.endpoints[0]) == ("followed", elsewhere)
     pinned = picker.pick(affinity_key_hash("pinned"), prompt_tokens=1700, chain=chain)
     assert (pinned.outcome, pinned.endpoints[0]) == ("planned", busy)
+
+
+def test_the_memory_holds_as_many_prefixes_as_the_plan_s_destinations_hold() -> None:
+    pool = EndpointPool(scraping=False)
+    picker = Picker(pool, follow_prefixes=True, prefix_memory_blocks=10_000)
+    assert picker.prefix_memory_capacity == 10_000  # no plan yet: the limit
+    destinations = [Destination(f"pool-{i}", a, 1.0, 2_560, 1_280) for i, a in enumerate(ADDRESSES[:2])]
+    plan = plan_from_routes("pool", destinations, {})
+    pool.set_plan_destinations(plan.destinations)
+    picker.install(build_table(plan, "v1"))
+    assert picker.prefix_memory_capacity == 2 * (2_560 + 1_280) // BLOCK_TOKENS
+    for i in range(40):
+        picker.pick(None, prompt_tokens=300, chain=[i])
+    assert picker.remembered_prefixes == 30

@@ -96,7 +96,9 @@ def states(draw: st.DrawFn) -> State:
 def plan_of(state: State) -> Plan:
     n = len(state.in_flight)
     ids = destination_ids(n)
-    destinations = [Destination(ids[i], f"10.1.0.{i + 1}:8000") for i in range(n)]
+    # The plan carries the engines' KV capacity, as the operator's does: both sides size their
+    # memory of routed prefixes from it.
+    destinations = [Destination(ids[i], f"10.1.0.{i + 1}:8000", 1.0, PROFILE.kv_capacity_tokens) for i in range(n)]
     plan = plan_from_routes(
         "pool",
         destinations,
