@@ -22,10 +22,12 @@ in the same run.
    >= 80 %); the bf16-KV operator configuration, and p2c and Preble on the operator's engine, too.
 4. `mnbt`: served capacity of the operator's engine at each max-num-batched-tokens candidate, with
    the KV capacity the memory plan leaves at that value (issue 17 item 4).
-5. `traces`: every Mooncake trace of the shared folder, 8 destinations, key = first 4 blocks, SLO
+5. `bound`: the ceilings of served KV hit on each of those engines, whatever the routing: one LRU
+   cache as large as the whole fleet's KV, and Belady's MIN on it (`replay/bound.py`).
+6. `traces`: every Mooncake trace of the shared folder, 8 destinations, key = first 4 blocks, SLO
    twice the p99 TTFT of an almost idle fleet (as `bench_replay.py`): CacheRoute against the best
    baseline (target 1.00x).
-6. `low-reuse`: CacheRoute (and with the guard) against p2c (target 0.97x).
+7. `low-reuse`: CacheRoute (and with the guard) against p2c (target 0.97x).
 
 `--quick` replays the first 15 minutes of the generated workloads (the public traces whole).
 """
@@ -51,6 +53,7 @@ from cacheroute.planner.memory.gpus import GIB, H100_80GB
 from cacheroute.planner.memory.memory_plan import MemoryPlan
 from cacheroute.planner.memory.request import DEFAULT_MNBT_CANDIDATES, PlanRequest
 from cacheroute.planner.mooncake import read_mooncake
+from cacheroute.planner.replay.bound import optimal_hit, unified_lru_hit
 from cacheroute.planner.replay.capacity import CapacityResult, base_qps, find_capacity, replay_at
 from cacheroute.planner.replay.hardware import (
     H100_80GB_GIB,
@@ -80,7 +83,7 @@ QUICK_WINDOW_S = 900.0
 NODE_MEMORY_BYTES = 2048 * GIB
 # Per-request routers: no plan, decisions from the request and momentary state only.
 PER_REQUEST = ("p2c", "key-p2c", "least-loaded", "chwbl", "prefix-tree", "gie-prefix", "preble")
-SECTIONS = ("paper", "ablation", "product", "mnbt", "traces", "low-reuse")
+SECTIONS = ("paper", "ablation", "product", "mnbt", "bound", "traces", "low-reuse")
 
 
 def log(msg: str) -> None:
@@ -301,6 +304,22 @@ def bench_low_reuse(trace: RequestTrace) -> dict[str, Any]:
             "guard_ratio": ratio(res["cacheroute-guard"]["capacity_qps"], res["p2c"]["capacity_qps"])}
 
 
+def bench_bound(trace: RequestTrace) -> dict[str, Any]:
+    """The ceilings of served KV hit on each engine of the paper sections (`replay/bound.py`)."""
+    engines = {"gpu": H100_LLAMA33_70B_FP8_TP2, "host": host_engine(H100_LLAMA33_70B_FP8_TP2),
+               "operator fp8": operator_engine("fp8")}
+    out: dict[str, Any] = {}
+    for name, e in engines.items():
+        fleet = PAPER_DESTINATIONS * (e.kv_capacity_tokens + e.host_kv_capacity_tokens)
+        t0 = time.perf_counter()
+        lru = unified_lru_hit(trace, fleet)
+        best = optimal_hit(trace, fleet)
+        log(f"[bound] {name}: fleet KV {fleet:,} tokens: one LRU cache {lru:.1%}, Belady MIN {best:.1%} "
+            f"({time.perf_counter() - t0:.0f}s)")
+        out[name] = {"engine": e.name, "fleet_kv_tokens": fleet, "unified_lru_hit": lru, "optimal_hit": best}
+    return out
+
+
 def clean(x: Any) -> Any:
     if isinstance(x, float):
         return x if math.isfinite(x) else None
@@ -328,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"bench": "capacity", "quick": args.quick, "jobs": args.jobs,
                               "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                            time.gmtime())}
-    paper_sections = {"paper", "ablation", "product", "mnbt"} & set(only)
+    paper_sections = {"paper", "ablation", "product", "mnbt", "bound"} & set(only)
     paper = workload("cacheroute-paper", args.quick) if paper_sections else None
     for name in only:
         t0 = time.perf_counter()
@@ -340,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             report["product"] = bench_product(paper)
         elif name == "mnbt" and paper is not None:
             report["mnbt"] = bench_mnbt(paper)
+        elif name == "bound" and paper is not None:
+            report["bound"] = bench_bound(paper)
         elif name == "traces":
             report["traces"] = bench_traces()
         elif name == "low-reuse":

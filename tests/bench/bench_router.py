@@ -177,7 +177,62 @@ def bench_in_process() -> dict[str, Any]:
         exchange.finish()
 
     results["ext_proc_message_planned"] = timed(whole_message, messages)
+    results.update(bench_following(destinations, plan))
     return results
+
+
+def conversation_body(turns: int, rng: np.random.Generator) -> bytes:
+    """An OpenAI chat body: a system prompt and `turns` user/assistant messages of ~1,500 characters."""
+    words = [f"w{int(x)}" for x in rng.integers(0, 50_000, 300 * turns)]
+    messages = [{"role": "system", "content": "You answer questions about the attached report."}]
+    for t in range(turns):
+        text = " ".join(words[t * 300 : (t + 1) * 300])
+        messages.append({"role": "user" if t % 2 == 0 else "assistant", "content": text})
+    return json.dumps({"model": "m", "messages": messages, "user": "bench"}).encode()
+
+
+def bench_following(destinations: Sequence[Destination], plan: Plan) -> dict[str, Any]:
+    """The cost of following routed prefixes: naming a body's prefixes, and a pick that follows.
+
+    A picker with the same plan and `follow_prefixes`; conversations of 2, 14 and 128 messages
+    (about 3 kB, 22 kB and 200 kB) are hashed (`prompt_text` + `prefix_chain`, after the JSON parse
+    the router does anyway) and picked with their chain, each conversation sent again one turn
+    longer so that the memory matches and follows.
+    """
+    from cacheroute.router.prompts import prefix_chain, prompt_text
+
+    pool = EndpointPool(scraping=False)
+    picker = Picker(pool, seed=1, follow_prefixes=True)
+    metrics = RouterMetrics(pool, sketch_size=4096, export_key_names=False)
+    assert asyncio.run(PlanStore(pool, picker, metrics).process(encode_plan(plan).files, origin="bench"))
+    rng = np.random.default_rng(2)
+    out: dict[str, Any] = {"follow_memory_blocks": picker.prefix_memory_capacity}
+    clock = time.perf_counter
+    for turns in (2, 14, 128):
+        bodies = [conversation_body(turns, rng) for _ in range(20)]
+        parse, chain, pick = [], [], []
+        outcomes: dict[str, int] = {}
+        for _ in range(max(1, 2000 // (turns * 4))):
+            for body in bodies:
+                t0 = clock()
+                doc = json.loads(body)
+                t1 = clock()
+                ids = prefix_chain(prompt_text(doc))
+                t2 = clock()
+                decision = picker.pick(None, prompt_tokens=len(body) // 4, chain=ids)
+                t3 = clock()
+                parse.append(t1 - t0)
+                chain.append(t2 - t1)
+                pick.append(t3 - t2)
+                outcomes[decision.outcome] = outcomes.get(decision.outcome, 0) + 1
+        size = sum(len(b) for b in bodies) // len(bodies)
+        out[f"follow_{size // 1000}kB"] = {"body_bytes": size, "json_parse": summary(parse),
+                                           "prefix_chain": summary(chain), "pick_with_chain": summary(pick),
+                                           "outcomes": outcomes}
+        print(f"    {size / 1000:6.1f} kB body: parse {np.median(parse) * 1e6:6.1f} us, chain "
+              f"{np.median(chain) * 1e6:6.1f} us, pick with chain {np.median(pick) * 1e6:6.1f} us, "
+              f"outcomes {outcomes}", flush=True)
+    return out
 
 
 # --- the load generator --------------------------------------------------------------------------
