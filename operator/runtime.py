@@ -12,6 +12,7 @@ import importlib
 import logging
 import pkgutil
 import random
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,8 @@ class RunOptions:
     log_level: str = "info"
     peering_labels: Mapping[str, str] = field(default_factory=dict)
     peering_annotations: Mapping[str, str] = field(default_factory=dict)
+    # Seconds to wait for someone else (Helm) to create the peering object before creating it.
+    peering_wait_s: float = 0.0
 
 
 def parse_pairs(option: str, items: Sequence[str]) -> dict[str, str]:
@@ -112,8 +115,23 @@ def load_handlers(package: str = "cacheroute.operator.handlers") -> list[str]:
     return loaded
 
 
+def _await_peering(cluster: Cluster, path: str, seconds: float) -> bool:
+    """Whether the peering object at `path` exists within `seconds` (polled twice a second)."""
+    deadline = time.monotonic() + seconds
+    while cluster.get_path(path) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def ensure_peering(cluster: Cluster, options: RunOptions) -> None:
-    """Create the peering object(s) kopf keeps its keep-alives in, unless they exist."""
+    """Create the peering object(s) kopf keeps its keep-alives in, unless they exist.
+
+    With `peering_wait_s`, first wait that long for them to appear: a chart that renders the
+    object creates it after the operator's Deployment (Helm creates custom resources last), and a
+    replica that created it first would make `helm install` fail on "already exists".
+    """
     if options.standalone:
         return
     base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
@@ -131,6 +149,8 @@ def ensure_peering(cluster: Cluster, options: RunOptions) -> None:
         if namespace:
             metadata["namespace"] = namespace
         body = {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "kind": kind, "metadata": metadata}
+        if options.peering_wait_s > 0 and _await_peering(cluster, f"{path}/{options.peering}", options.peering_wait_s):
+            continue
         try:
             cluster.post(path, body)
         except KubeError as exc:

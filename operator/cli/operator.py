@@ -62,6 +62,16 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
             "the chart passes Helm's ownership so that helm adopts an object the operator created first.",
         ),
     ] = None,
+    peering_wait: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=3600.0,
+            envvar=_env("PEERING_WAIT"),
+            help="Seconds to wait for the peering object to appear before creating it (the chart renders it, "
+            "after the operator's Deployment).",
+        ),
+    ] = 0.0,
     priority: Annotated[
         str,
         typer.Option(
@@ -143,6 +153,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         priority=chosen_priority,
         peering_labels=labels,
         peering_annotations=annotations,
+        peering_wait_s=peering_wait,
         health_host=host,
         health_port=port,
         config=operator_config,

@@ -196,6 +196,16 @@ class Cluster:
             raise
         return out
 
+    def get_path(self, path: str) -> dict[str, Any] | None:
+        """The object at an API path (for kinds outside `KINDS`); None when it does not exist."""
+        try:
+            out: dict[str, Any] = self._call("GET", path)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return out
+
     def list(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         k = KINDS[(api_version, kind)]
         out = self._call("GET", k.collection(namespace), query={"labelSelector": label_selector})

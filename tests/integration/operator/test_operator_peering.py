@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from cacheroute.operator import runtime
+from cacheroute.operator.api.peering import PEERING_FILE
+from cacheroute.operator.config import OperatorConfig
+from cacheroute.operator.fleet.cluster import Cluster
+from cacheroute.sandbox.crds import apply_crds, load_crds
+from tests.support.chart import REPO
 from tests.support.operator import LLAMA_70B_FP8_TP2, OperatorProcess, Pools, sleep_observing, until
 
 pytestmark = pytest.mark.integration
@@ -127,3 +134,36 @@ def test_sigkill_mid_reconcile_then_restart_converges_without_duplicates(
             restarted.stop()
         if first.alive():
             first.stop()
+
+
+def test_an_operator_waits_for_the_peering_object_its_chart_creates(namespace: str, kube_api: Any) -> None:
+    """Helm creates the peering object after the operator's Deployment: a replica that starts first
+    waits for it instead of creating it (which made `helm install` fail on "already exists"), and
+    creates it itself only when nobody does within the wait."""
+    # As a chart install does first: kopf's peering CRDs.
+    apply_crds(kube_api, load_crds([REPO / "crds" / PEERING_FILE]))
+    custom = client.CustomObjectsApi(kube_api)
+
+    def options(peering: str, wait: float) -> runtime.RunOptions:
+        return runtime.RunOptions(
+            namespaces=(namespace,), all_namespaces=False, peering=peering, standalone=False, priority=1,
+            health_host="127.0.0.1", health_port=8080, config=OperatorConfig(),
+            peering_labels={"created-by": "operator"}, peering_wait_s=wait,
+        )
+
+    waiting = threading.Thread(target=runtime.ensure_peering, args=(Cluster(kube_api), options("from-helm", 30.0)))
+    waiting.start()
+    # Helm's turn, a moment later.
+    until(waiting.is_alive, "the operator waiting", timeout=5)
+    custom.create_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", {
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+        "metadata": {"name": "from-helm", "labels": {"created-by": "helm"}},
+    })
+    waiting.join(timeout=30)
+    assert not waiting.is_alive()
+    found = custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", "from-helm")
+    assert found["metadata"]["labels"] == {"created-by": "helm"}
+    # Nobody creates it: the operator does, after its wait.
+    runtime.ensure_peering(Cluster(kube_api), options("nobody", 1.0))
+    made = custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", "nobody")
+    assert made["metadata"]["labels"] == {"created-by": "operator"}
