@@ -63,7 +63,7 @@ def _decisions(phase: PhaseResult) -> str:
 
 def phase_table(run: DemoRun) -> Table:
     p2c, planned = run.phases
-    table = Table("", "p2c (plan in Shadow)", "planned (Auto)", title="the loop, client and Prometheus figures")
+    table = Table("", "no plan (Shadow)", "planned (Auto)", title="the loop, client and Prometheus figures")
     rows: list[tuple[str, ...]] = [
         ("requests sent / ok", *(f"{p.summary.requests} / {p.summary.succeeded}" for p in (p2c, planned))),
         ("served KV hit (vLLM counters, Prometheus)", *(_pct(p.counters.served_kv_hit) for p in (p2c, planned))),
@@ -106,7 +106,7 @@ def kubectl_table(title: str, rows: list[list[str]]) -> Table:
 def verdict_lines(run: DemoRun) -> list[str]:
     v = verdict(run)
     lines = [
-        f"planned vs p2c: served KV hit {v.kv_hit_gain_pp:+.1f} pp, p99 TTFT x{v.p99_ttft_ratio:.2f} "
+        f"planned vs no plan: served KV hit {v.kv_hit_gain_pp:+.1f} pp, p99 TTFT x{v.p99_ttft_ratio:.2f} "
         f"({'planned wins on both' if v.planned_wins else 'planned does NOT win on both'})",
     ]
     if run.prediction is not None:

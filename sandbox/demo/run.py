@@ -89,12 +89,12 @@ def run_demo(
                              destinations=settings.destinations, progress=bar)
 
     first, second = run.workload.rounds
-    say(f"p2c (plan in Shadow): {len(first.warmup.requests)} requests of warm-up over {settings.warmup_s:.0f} s, "
-        f"then {len(first.measured.requests)} measured over {settings.phase_s:.0f} s, to the router at {routers[0]}")
+    say(f"no plan (Shadow: key-seeded p2c, following prefixes): {len(first.warmup.requests)} requests of warm-up "
+        f"over {settings.warmup_s:.0f} s, then {len(first.measured.requests)} measured over {settings.phase_s:.0f} s, to the router at {routers[0]}")
     run.warmups.append(send("warm-up (p2c)", first.warmup))
     run.phases.append(send("p2c", first.measured))
     done("phase p2c")
-    say("AffinityPlan mode Auto: the operator plans from the metrics of the p2c phase, the guard "
+    say("AffinityPlan mode Auto: the operator plans from the metrics of the first phase, the guard "
         "replays the candidate, the router loads the plan")
     run.plan_object = switch_to_auto(api, settings, routers, window_s=time.time() - run.warmups[0].started_at)
     run.plan = published_plan(api, settings)
