@@ -90,7 +90,8 @@ def run_demo(
 
     first, second = run.workload.rounds
     say(f"no plan (Shadow: key-seeded p2c, following prefixes): {len(first.warmup.requests)} requests of warm-up "
-        f"over {settings.warmup_s:.0f} s, then {len(first.measured.requests)} measured over {settings.phase_s:.0f} s, to the router at {routers[0]}")
+        f"over {settings.warmup_s:.0f} s, then {len(first.measured.requests)} measured over {settings.phase_s:.0f} s, "
+        f"to the router at {routers[0]}")
     run.warmups.append(send("warm-up (p2c)", first.warmup))
     run.phases.append(send("p2c", first.measured))
     done("phase p2c")
