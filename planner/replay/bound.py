@@ -22,73 +22,67 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import numpy as np
 
 from cacheroute.planner.trace import RequestTrace
 
 
-def _requests_in_order(trace: RequestTrace) -> list[int]:
-    return np.argsort(trace.arrival_s, kind="stable").tolist()  # type: ignore[no-any-return]
+def _references(trace: RequestTrace, warmup_fraction: float) -> Iterator[tuple[int, int, bool, bool]]:
+    """Every prompt block in arrival order: (block id, its tokens, whether it is counted, whether
+    it starts its prompt)."""
+    bs = trace.block_size
+    order = np.argsort(trace.arrival_s, kind="stable").tolist()
+    warm = int(warmup_fraction * len(order))
+    for rank, i in enumerate(order):
+        tokens = int(trace.input_tokens[i])
+        counted = rank >= warm
+        for j, b in enumerate(trace.blocks(i).tolist()):
+            yield b, max(0, min(bs, tokens - j * bs)), counted, j == 0
 
 
-def _block_tokens(input_tokens: int, j: int, block_size: int) -> int:
-    return max(0, min(block_size, input_tokens - j * block_size))
-
-
-def _check(capacity_tokens: int, warmup_fraction: float) -> None:
+def _capacity_blocks(trace: RequestTrace, capacity_tokens: int, warmup_fraction: float) -> int:
     if capacity_tokens < 0:
         raise ValueError(f"cache capacity must not be negative, got {capacity_tokens}")
     if not 0.0 <= warmup_fraction < 1.0:
         raise ValueError(f"warm-up fraction must be in [0, 1), got {warmup_fraction}")
+    return capacity_tokens // trace.block_size
 
 
 def unified_lru_hit(trace: RequestTrace, capacity_tokens: int, warmup_fraction: float = 0.1) -> float:
     """Token-weighted prefix hit of one LRU cache of `capacity_tokens` (module docstring)."""
-    _check(capacity_tokens, warmup_fraction)
-    bs = trace.block_size
-    capacity = capacity_tokens // bs
-    order = _requests_in_order(trace)
-    warm = int(warmup_fraction * len(order))
+    capacity = _capacity_blocks(trace, capacity_tokens, warmup_fraction)
     cache: OrderedDict[int, None] = OrderedDict()
     hit = total = 0
-    for rank, i in enumerate(order):
-        tokens = int(trace.input_tokens[i])
-        counted = rank >= warm
-        leading = True
-        for j, b in enumerate(trace.blocks(i).tolist()):
-            t = _block_tokens(tokens, j, bs)
-            if counted:
-                total += t
-            if b in cache:
-                cache.move_to_end(b)
-                if leading and counted:
-                    hit += t
-                continue
-            leading = False
-            if capacity:
-                cache[b] = None
-                if len(cache) > capacity:
-                    cache.popitem(last=False)
+    leading = True
+    for b, t, counted, first in _references(trace, warmup_fraction):
+        leading = leading or first
+        if counted:
+            total += t
+        if b in cache:
+            cache.move_to_end(b)
+            if leading and counted:
+                hit += t
+            continue
+        leading = False
+        if capacity:
+            cache[b] = None
+            if len(cache) > capacity:
+                cache.popitem(last=False)
     return hit / total if total else 0.0
 
 
 def optimal_hit(trace: RequestTrace, capacity_tokens: int, warmup_fraction: float = 0.1) -> float:
     """Token-weighted hit of Belady's MIN on `capacity_tokens`, any cached block counted."""
-    _check(capacity_tokens, warmup_fraction)
-    bs = trace.block_size
-    capacity = capacity_tokens // bs
-    order = _requests_in_order(trace)
-    warm = int(warmup_fraction * len(order))
+    capacity = _capacity_blocks(trace, capacity_tokens, warmup_fraction)
     refs: list[int] = []
     weights: list[int] = []
     counted: list[bool] = []
-    for rank, i in enumerate(order):
-        tokens = int(trace.input_tokens[i])
-        for j, b in enumerate(trace.blocks(i).tolist()):
-            refs.append(b)
-            weights.append(_block_tokens(tokens, j, bs))
-            counted.append(rank >= warm)
+    for b, t, c, _ in _references(trace, warmup_fraction):
+        refs.append(b)
+        weights.append(t)
+        counted.append(c)
     never = len(refs)
     next_use = [never] * len(refs)
     seen: dict[int, int] = {}
