@@ -4,7 +4,7 @@
    period run by the operator's own code (`PlanLoop.run_period`, what the kopf daemon calls when a
    period is due), RUNS times, each from an empty ConfigMap so every run plans, judges and
    publishes. Reported per step: read (pool, plan in effect), Prometheus query, planner (with
-   encoding), guard (shadow replay: candidate, plan in effect, p2c), publish. Baseline measured in
+   encoding), guard (shadow replay: candidate, plan in effect, no plan), publish. Baseline measured in
    the same run: Prometheus' own evaluation time for the same three per-key queries
    (`stats=all`). Also a steady period: same statistics with the plan already in effect.
 2. The operator process's CPU per control period with 20 AffinityPlans (20 pools of 2,048 keys,
@@ -80,6 +80,12 @@ SMALL_POOL = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "tensorPara
 NODES = PLANS * DESTINATIONS_PER_PLAN // 8
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "bench-results" / "control.json"
+
+
+# The synthetic statistics overload the simulated destinations of the guard's replay (p99 TTFT in
+# minutes under any routing), so its SLO would decide on noise between two overloaded fleets; what
+# this bench measures is the period's cost, and the guard still replays all three sides.
+GUARD = {"p99Ttft": "1h"}
 
 
 def log(message: str) -> None:
@@ -166,7 +172,7 @@ def fire_to_configmap(sandbox: Any, workdir: Path) -> dict[str, Any]:
             create_fleet_pool(api, namespace, "paper", PAPER_DESTINATIONS, kv)
             create_plan(api, namespace, plan_manifest(
                 "paper", "paper", controlPeriod="1h", metricsWindow=f"{WINDOW_S}s",
-                prometheus={"url": prom.url, "timeout": "120s"},
+                prometheus={"url": prom.url, "timeout": "120s"}, guard=GUARD,
             ))
             loop = PlanLoop(ControlApi(api), ControlSettings(), namespace=namespace, name="paper",
                             events=lambda *_: None)
@@ -275,7 +281,7 @@ def cpu_per_period(sandbox: Any, workdir: Path) -> dict[str, Any]:
             c0, t0 = cpu_seconds(pid), time.monotonic()
             for i in range(PLANS):
                 create_plan(api, namespace, plan_manifest(f"p{i:02d}", f"p{i:02d}", controlPeriod="1h",
-                                                          metricsWindow=f"{WINDOW_S}s"))
+                                                          metricsWindow=f"{WINDOW_S}s", guard=GUARD))
             counted = periods_until(api, namespace, 1, timeout=600)
             phases["first"] = {"cpu_s": cpu_seconds(pid) - c0, "wall_s": time.monotonic() - t0, "periods": counted}
             for name, spec in (("steady_auto", {"controlPeriod": f"{PERIOD_S}s"}), ("shadow", {"mode": "Shadow"})):
