@@ -21,7 +21,6 @@ from cacheroute.operator.api.common import (
     ObjectMeta,
     enforce,
 )
-from cacheroute.planner.replay.guard import DEFAULT_MIN_KV_HIT_GAIN
 
 MAX_PINNED = 10_000
 MAX_DESTINATIONS_PER_KEY = 16
@@ -66,11 +65,7 @@ class GuardSpec(ApiModel):
     enabled: bool = Field(default=True, description="Replay each candidate before applying it.")
     p99_ttft: Duration = Field(default="3.5s", description="Service-level objective on p99 time to first token.")
     min_kv_hit_gain: float = Field(
-        default=DEFAULT_MIN_KV_HIT_GAIN,
-        ge=-1,
-        le=1,
-        description="Required gain in served KV hit over routing without a plan (the default, half a point "
-        "below, counts a tie within the replay's noise as no loss).",
+        default=0.0, ge=-1, le=1, description="Required gain in served KV hit over routing without a plan."
     )
     replay_duration: Duration = Field(
         default="2m",

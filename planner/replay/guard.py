@@ -14,8 +14,7 @@ The baseline is what the router does without a plan: key-seeded p2c for every ke
 routed prefixes when the routing does), the best per-request behaviour the router has. The
 candidate passes when its predicted p99 TTFT meets the SLO (or at least does not miss it by more
 than the baseline does), is not worse than the baseline's by more than the tolerance, and its
-served KV hit is at least the baseline's plus `min_kv_hit_gain` (by default -0.5 points: closer
-than that is a tie, within the replay's noise); so a plan whose foresight does not
+served KV hit is at least the baseline's plus `min_kv_hit_gain`; so a plan whose foresight does not
 pay (keys that do not repeat, where pinning costs p2c's balance) is not applied, and the router
 degrades to its per-request routing rather than below it. Caches start cold: the first
 `warmup_fraction` of the window only warms them.
@@ -34,17 +33,13 @@ from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.replay.window import window_from_stats
 from cacheroute.planner.trace import RequestTrace
 
-DEFAULT_MIN_KV_HIT_GAIN = -0.005
-
 
 @dataclass(frozen=True)
 class GuardSettings:
     slo_p99_ttft_s: float = 3.5
     tolerance: float = 0.05  # relative slack on p99 TTFT against the baseline
     tolerance_s: float = 0.05  # absolute slack, so near-zero latencies do not flip the verdict
-    # Half a point below the baseline still counts as a tie: the served KV hit of a replay of a
-    # window synthesised from statistics moves by up to 0.4 points between seeds (docs/replay.md).
-    min_kv_hit_gain: float = DEFAULT_MIN_KV_HIT_GAIN
+    min_kv_hit_gain: float = 0.0
     warmup_fraction: float = 0.5
     # How much recent traffic a replay-time guard (the `cacheroute-guard` policy) replays.
     window_s: float = 120.0
@@ -114,12 +109,8 @@ def guard(
     if cand.ttft_p99_s > limit:
         reasons.append(f"p99 TTFT {cand.ttft_p99_s:.2f}s worse than without a plan ({base.ttft_p99_s:.2f}s)")
     if cand.kv_hit < base.kv_hit + s.min_kv_hit_gain:
-        if s.min_kv_hit_gain >= 0:
-            reasons.append(f"KV hit {cand.kv_hit:.1%} does not beat {base.kv_hit:.1%} without a plan by "
-                           f"{s.min_kv_hit_gain:.1%}")
-        else:
-            reasons.append(f"KV hit {cand.kv_hit:.1%} is more than {-s.min_kv_hit_gain:.1%} below "
-                           f"{base.kv_hit:.1%} without a plan")
+        reasons.append(f"KV hit {cand.kv_hit:.1%} does not beat {base.kv_hit:.1%} without a plan by "
+                       f"{s.min_kv_hit_gain:.1%}")
     better = cur is None or cand.ttft_p99_s <= cur.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
     passed = not reasons
     reason = "; ".join(reasons) if reasons else (
