@@ -14,9 +14,8 @@ is key-seeded p2c alone, the router's fallback for unplanned keys.
 `cacheroute` re-plans every `control_period_s` (60 s) from the statistics of the requests that
 arrived in the previous `window_s` (30 min) only (`keystats.key_stats_from_trace` over the past, never the
 future), with `planning.compute_plan` and the previous plan for stability. Before the first
-period ends there is no plan (every key by key-seeded p2c). With a guard, each candidate plan is
-replayed against no plan on the past window and, when it predicts no gain, the period runs
-without a plan.
+period ends there is no plan (everything p2c). With a guard, each candidate plan is replayed
+against p2c on the past window and, when it predicts no gain, the period runs on p2c.
 """
 
 from __future__ import annotations
@@ -368,8 +367,8 @@ class CacheRoute(Planned):
         self.replans += 1
         self._previous = candidate
         if self.guard is not None and not self.guard(trace, now, candidate, self.view.profile, self.replans):
-            # The guard compared the plan against routing without one: that is what runs this period.
+            # The guard compared the plan against plain p2c: that is what runs this period.
             self.guard_rejections += 1
-            self.install(None)
+            self.install(None, key_seeded=False)
             return
         self.install(candidate, np.unique(win.key[win.key != NO_KEY]))
