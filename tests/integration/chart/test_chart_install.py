@@ -300,9 +300,11 @@ def _await_applied(api: Any, namespace: str, name: str, timeout: float) -> dict[
     return seen
 
 
-def _chat(pod: Any, model: str, key: str, turn: int) -> httpx.Response:
-    """One chat turn of conversation `key`: a long system prompt the key's turns share, then a question."""
-    messages = [{"role": "system", "content": f"You answer for {key}. " + f"Context of {key}: lorem ipsum. " * 60},
+def _chat(pod: Any, model: str, key: str, turn: int, context: str | None = None) -> httpx.Response:
+    """One chat turn of conversation `key`: a long system prompt the key's turns share (about
+    `context`, by default the key), then a question."""
+    about = context or key
+    messages = [{"role": "system", "content": f"You answer for {about}. " + f"Context of {about}: lorem ipsum. " * 60},
                 {"role": "user", "content": f"question {turn}"}]
     return httpx.post(f"http://{pod.status.pod_ip}:8080/v1/chat/completions", timeout=60,
                       headers={"x-affinity-key": key}, json={"model": model, "messages": messages, "max_tokens": 2})
@@ -358,7 +360,9 @@ def test_the_auto_example_plan_plans_from_real_traffic(installed: Installed, san
                       for p in routers), "both routers on the published plan", timeout=120)
     planned_key = next(k for k in keys if published.destinations_of(affinity_key_hash(k)))
     before = _decisions(routers[0], "planned")
-    reply = _chat(routers[0], "meta-llama/Llama-3.3-70B-Instruct", planned_key, 9)
+    # A new conversation of the key: an earlier one's prompt would be followed to wherever key-seeded
+    # p2c sent it before the plan (outcome "followed"), which is not what this checks.
+    reply = _chat(routers[0], "meta-llama/Llama-3.3-70B-Instruct", planned_key, 9, context=f"{planned_key}, anew")
     assert reply.status_code == 200, reply.text
     assert _decisions(routers[0], "planned") == before + 1
 
