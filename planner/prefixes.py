@@ -53,10 +53,8 @@ class PrefixMemory:
     __slots__ = ("_entries", "capacity")
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"prefix memory capacity must be at least 1, got {capacity}")
-        self.capacity = capacity
         self._entries: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self.resize(capacity)
 
     def __len__(self) -> int:
         return len(self._entries)
