@@ -112,6 +112,7 @@ def demo_manifests(settings: DemoSettings) -> list[dict[str, Any]]:
             if doc["kind"] == "InferencePool":
                 doc["metadata"]["name"] = settings.pool
                 doc["spec"]["replicas"] = settings.destinations
+                doc["spec"].setdefault("router", {})["followPrefixes"] = settings.follow_prefixes
             elif doc["kind"] == "AffinityPlan":
                 doc["metadata"]["name"] = settings.plan
                 doc["spec"]["poolRef"]["name"] = settings.pool

@@ -3,7 +3,8 @@
 The replay gets the requests the load generator sent (both sendings of the slice, warm-ups
 included, with the pauses the loop took between them to settle counters and to plan), the pool's
 destinations with the KV capacity of its memory plan, the engine profile the emulators run, and
-the router's rule as the router runs it (token-aware load, following routed prefixes): every key
+the router's rule as the router runs it (token-aware load, following routed prefixes when the pool
+does): every key
 by key-seeded p2c (an empty plan) until the planned sending, the plan the operator published from
 then on. Its served KV hit per phase is what the loop should
 measure if emulators, router and replay agree.
@@ -29,8 +30,8 @@ class PhaseSwitch(Planned):
 
     name = "p2c-then-plan"
 
-    def __init__(self, plan: Plan, switch_s: float) -> None:
-        super().__init__(None, routing=CACHEROUTE_ROUTING)
+    def __init__(self, plan: Plan, switch_s: float, *, follow_prefixes: bool = True) -> None:
+        super().__init__(None, routing=replace(CACHEROUTE_ROUTING, follow_prefixes=follow_prefixes))
         self._pending: Plan | None = plan
         self._switch_s = switch_s
 
@@ -96,7 +97,7 @@ def _concat(parts: Sequence[RequestTrace]) -> RequestTrace:
 
 def predict(
     sends: Sequence[tuple[Schedule, float]], plan: Plan, *, kv_capacity_tokens: int,
-    destination_ids: tuple[str, ...], measured: tuple[int, int], switch: int,
+    destination_ids: tuple[str, ...], measured: tuple[int, int], switch: int, follow_prefixes: bool = True,
 ) -> tuple[PhasePrediction, PhasePrediction]:
     """Replay every send (schedule, offset) in order, the plan from send `switch` on; the
     figures of the sends `measured` (the p2c phase, the planned phase)."""
@@ -105,7 +106,7 @@ def predict(
     config = ReplayConfig(destinations=len(destination_ids), profile=profile, warmup_fraction=0.0,
                           destination_ids=destination_ids)
     switch_s = float(trace.arrival_s[send == switch].min())
-    result = replay_trace(trace, PhaseSwitch(plan, switch_s), config)
+    result = replay_trace(trace, PhaseSwitch(plan, switch_s, follow_prefixes=follow_prefixes), config)
     return (_figures(result, send == measured[0], destination_ids),
             _figures(result, send == measured[1], destination_ids))
 

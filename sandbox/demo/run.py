@@ -89,7 +89,8 @@ def run_demo(
                              destinations=settings.destinations, progress=bar)
 
     first, second = run.workload.rounds
-    say(f"no plan (Shadow: key-seeded p2c, following prefixes): {len(first.warmup.requests)} requests of warm-up "
+    following = ", following prefixes" if settings.follow_prefixes else ""
+    say(f"no plan (Shadow: key-seeded p2c{following}): {len(first.warmup.requests)} requests of warm-up "
         f"over {settings.warmup_s:.0f} s, then {len(first.measured.requests)} measured over {settings.phase_s:.0f} s, "
         f"to the router at {routers[0]}")
     run.warmups.append(send("warm-up (p2c)", first.warmup))
@@ -112,7 +113,7 @@ def run_demo(
     schedules = [first.warmup, first.measured, second.warmup, second.measured]
     run.prediction = predict(list(zip(schedules, run.offsets_s, strict=True)), run.plan,
                              kv_capacity_tokens=run.kv_capacity_tokens, destination_ids=run.destination_ids,
-                             measured=(1, 3), switch=2)
+                             measured=(1, 3), switch=2, follow_prefixes=settings.follow_prefixes)
     done("replay")
     for plural in ("inferencepools", "affinityplans"):
         run.tables[plural] = cluster.kubectl_get(api, settings.namespace, plural)

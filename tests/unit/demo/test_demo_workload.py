@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from cacheroute.sandbox.demo.cluster import demo_manifests
 from cacheroute.sandbox.demo.prediction import sent_trace
-from cacheroute.sandbox.demo.settings import SHORT
+from cacheroute.sandbox.demo.settings import FULL, SHORT, DemoSettings
 from cacheroute.sandbox.demo.workload import demo_workload
 
 SMALL = replace(SHORT, lead_s=20.0, warmup_s=10.0, phase_s=15.0, workload=replace(SHORT.workload, keys=20))
@@ -53,3 +54,11 @@ def test_the_replay_gets_every_request_sent_on_the_loops_clock() -> None:
     [row] = [i for i in np.flatnonzero(send == 3)
              if trace.arrival_s[i] == at and trace.input_tokens[i] == r.input_tokens]
     assert [int(b) for b in trace.blocks(int(row))] == _blocks(second.measured, r.index)
+
+
+def test_the_pool_applied_routes_with_or_without_prefix_following_as_the_settings_say() -> None:
+    def following(settings: DemoSettings) -> bool:
+        [pool] = [d for d in demo_manifests(settings) if d["kind"] == "InferencePool"]
+        return bool(pool["spec"]["router"]["followPrefixes"])
+
+    assert following(FULL) and not following(SHORT)
