@@ -64,7 +64,9 @@ class GuardSpec(ApiModel):
 
     enabled: bool = Field(default=True, description="Replay each candidate before applying it.")
     p99_ttft: Duration = Field(default="3.5s", description="Service-level objective on p99 time to first token.")
-    min_kv_hit_gain: float = Field(default=0.0, ge=-1, le=1, description="Required gain in served KV hit over p2c.")
+    min_kv_hit_gain: float = Field(
+        default=0.0, ge=-1, le=1, description="Required gain in served KV hit over routing without a plan."
+    )
     replay_duration: Duration = Field(
         default="2m",
         description=(

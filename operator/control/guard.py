@@ -1,9 +1,11 @@
-"""The guard step: shadow-replay the window under the candidate, the plan in effect and p2c.
+"""The guard step: shadow-replay the window under the candidate, the plan in effect and no plan.
 
 The replay is synthesised from the window's statistics (`guard_from_stats`), on one simulated
 destination per destination of the candidate, with the pool's KV capacity on GPU and in host
 memory. The plan in effect may still name destinations that have since left the pool; the replay
-routes by what is left of it, as the router does (keys of a vanished destination spill).
+routes by what is left of it, as the router does (keys of a vanished destination spill). Every
+replay routes as the pool's routers do (`routing_of`): with or without prefix following, with their
+prefix memory.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from cacheroute.operator.api.pool import RouterSpec
 from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Plan
 from cacheroute.planner.replay.guard import GuardSettings, GuardVerdict, guard_from_stats
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
+from cacheroute.planner.replay.planned import CACHEROUTE_ROUTING, RoutingSettings
 
 
 def restrict_plan(plan: Plan, destination_ids: tuple[str, ...]) -> Plan:
@@ -65,8 +69,10 @@ def run_guard(
     duration_s: float,
     kv_capacity_tokens: int,
     host_kv_capacity_tokens: int = 0,
+    routing: RoutingSettings = CACHEROUTE_ROUTING,
 ) -> GuardVerdict:
-    """The verdict on `candidate` (blocking: run it off the event loop)."""
+    """The verdict on `candidate` (blocking: run it off the event loop), every plan and the
+    baseline without a plan routed by `routing`: the pool's routers' settings."""
     ids = tuple(d.id for d in candidate.destinations)
     current_here = restrict_plan(current, ids) if current is not None else None
     if current_here is not None and not current_here.destinations:
@@ -78,4 +84,11 @@ def run_guard(
         duration_s=duration_s,
         profile=engine_profile(kv_capacity_tokens, host_kv_capacity_tokens),
         settings=settings,
+        routing=routing,
     )
+
+
+def routing_of(router: RouterSpec) -> RoutingSettings:
+    """The replay's routing rule for routers run with `router`'s settings."""
+    return replace(CACHEROUTE_ROUTING, follow_prefixes=router.follow_prefixes,
+                   prefix_memory_blocks=router.prefix_memory_blocks)

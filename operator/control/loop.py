@@ -36,7 +36,7 @@ from cacheroute.operator.api.pool import InferencePool
 from cacheroute.operator.control import conditions as cond
 from cacheroute.operator.control import inputs
 from cacheroute.operator.control.conditions import Finding
-from cacheroute.operator.control.guard import run_guard
+from cacheroute.operator.control.guard import routing_of, run_guard
 from cacheroute.operator.control.kube import ApiError, ControlApi
 from cacheroute.operator.control.metrics import PlanMetrics
 from cacheroute.operator.control.period import EventKind, PeriodResult, pct, seconds_text, verdict_text
@@ -425,6 +425,7 @@ class PlanLoop:
                 duration_s=parse_duration(w.spec.guard.replay_duration),
                 kv_capacity_tokens=ready[0].kv_capacity_tokens,
                 host_kv_capacity_tokens=ready[0].host_kv_capacity_tokens,
+                routing=routing_of(w.pool.spec.router),
             )
         except ValueError as exc:  # too little traffic to synthesise a replay
             self.metrics.verdict("rejected")

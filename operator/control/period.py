@@ -65,10 +65,10 @@ def pct(x: float | None) -> str:
 def verdict_text(verdict: GuardVerdict | None) -> str:
     if verdict is None:
         return "guard off"
-    c, p = verdict.candidate, verdict.p2c
+    c, p = verdict.candidate, verdict.baseline
     return (
-        f"guard {'passed' if verdict.passed else 'rejected'}: predicted KV hit {pct(c.kv_hit)} (p2c {pct(p.kv_hit)}), "
-        f"p99 TTFT {c.ttft_p99_s:.2f}s (p2c {p.ttft_p99_s:.2f}s)"
+        f"guard {'passed' if verdict.passed else 'rejected'}: predicted KV hit {pct(c.kv_hit)} "
+        f"(without a plan {pct(p.kv_hit)}), p99 TTFT {c.ttft_p99_s:.2f}s (without a plan {p.ttft_p99_s:.2f}s)"
     )
 
 

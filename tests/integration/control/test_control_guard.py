@@ -32,7 +32,7 @@ def test_low_reuse_candidate_is_rejected_and_the_plan_in_effect_stays(env: Contr
     env.operator(prometheus_url=env.prometheus_url)
     env.pool("llama")
     wait_for_window(env.prometheus_url, namespace, len(good.keys) + 2, WINDOW)
-    # The guard asks a plan to buy at least half a point of KV hit over p2c: pinning keys that
+    # The guard asks a plan to buy at least half a point of KV hit over no plan: pinning keys that
     # cannot reuse anything then never pays, whatever load balance the replay predicts.
     create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s", metricsWindow=f"{WINDOW}s",
                                                    guard={"minKvHitGain": 0.005}))
@@ -53,7 +53,7 @@ def test_low_reuse_candidate_is_rejected_and_the_plan_in_effect_stays(env: Contr
         obj = wait_for_period_after(kube_api, namespace, "llama", obj["status"]["lastPeriodTime"])
         applied = condition(obj, "Applied")
         assert (applied["status"], applied["reason"]) == ("False", "GuardRejected")
-        assert "KV hit 0.0% does not beat p2c's 0.0%" in applied["message"] and in_effect in applied["message"]
+        assert "KV hit 0.0% does not beat 0.0% without a plan" in applied["message"] and in_effect in applied["message"]
     assert obj["status"]["planVersion"] == in_effect
     assert obj["status"]["candidateVersion"] != in_effect
     after = published_plan(kube_api, namespace, "llama")

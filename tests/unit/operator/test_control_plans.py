@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 
 from cacheroute.operator.api.plan import AffinityPlanSpec
-from cacheroute.operator.control.guard import engine_profile, restrict_plan
+from cacheroute.operator.api.pool import RouterSpec
+from cacheroute.operator.control.guard import engine_profile, restrict_plan, routing_of
 from cacheroute.operator.control.loop import PlanLoop, encode_checked
 from cacheroute.operator.control.metrics import PLAN_INFO, PlanMetrics
 from cacheroute.operator.control.plans import check_payload, manual_plan, same_routing
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.planner.plan import Destination, KeyExtraction, Plan, PlanError, affinity_key_hash, plan_from_routes
 from cacheroute.planner.plan_format import encode_plan
+from cacheroute.planner.replay.planned import CACHEROUTE_ROUTING
 
 DESTS = [Destination(f"p-{i}", f"10.0.0.{i}:8000", 1.0, 1000) for i in range(3)]
 
@@ -141,3 +143,10 @@ def test_the_guard_replays_the_pool_with_its_host_memory_tier() -> None:
     assert (gpu_only.kv_capacity_tokens, gpu_only.host_kv_capacity_tokens) == (200_000, 0)
     assert (tiered.kv_capacity_tokens, tiered.host_kv_capacity_tokens) == (200_000, 1_468_006)
     assert tiered.host_copy_s_per_token > 0
+
+
+def test_the_guard_routes_as_the_pools_routers_do() -> None:
+    default = routing_of(RouterSpec())
+    assert default.follow_prefixes and default.tokens_per_unit == CACHEROUTE_ROUTING.tokens_per_unit
+    plain = routing_of(RouterSpec.model_validate({"followPrefixes": False, "prefixMemoryBlocks": 1000}))
+    assert (plain.follow_prefixes, plain.prefix_memory_blocks) == (False, 1000)

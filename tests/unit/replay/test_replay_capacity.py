@@ -57,20 +57,23 @@ def test_guard_rejects_a_plan_that_piles_every_key_on_one_destination(workload) 
     entries_only = RoutingSettings()
     v = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=entries_only)
     assert not v.passed
-    assert "does not beat p2c" in v.reason or "worse than p2c" in v.reason
-    # Widened (router --widen-planned), every key keeps its ring pair, and the pile is gone.
+    assert "without a plan" in v.reason
+    # Widened (router --widen-planned), every key keeps its ring pair: the pile is gone, and the
+    # plan is about as good as none (key-seeded p2c on the same ring).
     widened = RoutingSettings(widen_planned=True)
-    assert guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=widened).passed
+    w = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=widened)
+    assert w.candidate.kv_hit > v.candidate.kv_hit + 0.05
+    assert abs(w.candidate.kv_hit - w.baseline.kv_hit) < 0.02
     # As the router routes by default, a spilled request's next turn follows it to where it went,
-    # so the pile costs no affinity either.
+    # so the pile costs little affinity either.
     followed = guard(window, bad, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
-    assert followed.passed and followed.candidate.kv_hit > v.candidate.kv_hit
+    assert followed.candidate.kv_hit > v.candidate.kv_hit + 0.05
 
 
 def test_guard_passes_a_plan_that_spreads_keys_with_affinity(workload) -> None:
     good = _plan({k: [i % 4] for i, k in enumerate(workload.key_names)}, 4)
     v = guard(workload, good, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
-    assert v.candidate.kv_hit > v.p2c.kv_hit
+    assert v.candidate.kv_hit > v.baseline.kv_hit
     assert v.passed, v.reason
     again = guard(workload, good, good, settings=GuardSettings(slo_p99_ttft_s=2.0))
     assert again.better_than_current
@@ -109,6 +112,8 @@ def test_guard_from_statistics_prefers_affinity_for_a_reusable_key() -> None:
                      output_tokens=50 * ones)
     good = _plan({k: [i % 4] for i, k in enumerate(names)}, 4)
     v = guard_from_stats(stats, good, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5))
-    assert v.candidate.kv_hit > v.p2c.kv_hit + 0.2
-    assert v.candidate.ttft_p99_s < v.p2c.ttft_p99_s
+    # Without a plan, key-seeded p2c keeps each key on two destinations, so a quarter of the keys per
+    # destination still beats it.
+    assert v.candidate.kv_hit > v.baseline.kv_hit + 0.02
+    assert v.candidate.ttft_p99_s < v.baseline.ttft_p99_s
     assert v.passed, v.reason
