@@ -149,8 +149,10 @@ class ReplayGuard:
 
     settings: GuardSettings = GuardSettings()
 
-    def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int) -> bool:
+    def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int, *,
+                 routing: RoutingSettings = CACHEROUTE_ROUTING) -> bool:
         recent = trace.window(max(now - self.settings.window_s, float(trace.arrival_s[0])), now)
         if len(recent) < 2:
             return True
-        return guard(recent, candidate, None, profile=profile, settings=self.settings, seed=seed).passed
+        return guard(recent, candidate, None, profile=profile, settings=self.settings, seed=seed,
+                     routing=routing).passed

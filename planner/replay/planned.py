@@ -14,8 +14,9 @@ is key-seeded p2c alone, the router's fallback for unplanned keys.
 `cacheroute` re-plans every `control_period_s` (60 s) from the statistics of the requests that
 arrived in the previous `window_s` (30 min) only (`keystats.key_stats_from_trace` over the past, never the
 future), with `planning.compute_plan` and the previous plan for stability. Before the first
-period ends there is no plan (everything p2c). With a guard, each candidate plan is replayed
-against p2c on the past window and, when it predicts no gain, the period runs on p2c.
+period ends there is no plan (every key by the unplanned rule). With a guard, each candidate plan
+is replayed against no plan on the past window and, when it predicts no gain, the plan in effect
+stays, as in the operator.
 """
 
 from __future__ import annotations
@@ -281,9 +282,11 @@ class PlannerSettings:
 
 class PlanGuard(Protocol):
     """A check of every candidate plan before CacheRoute routes by it (`guard.ReplayGuard`):
-    whether the candidate may run, judged on `trace` up to `now` on destinations of `profile`."""
+    whether the candidate may run, judged on `trace` up to `now` on destinations of `profile`,
+    every plan routed by `routing`."""
 
-    def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int) -> bool: ...
+    def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int, *,
+                 routing: RoutingSettings) -> bool: ...
 
 
 class CacheRoute(Planned):
@@ -365,10 +368,11 @@ class CacheRoute(Planned):
             return
         candidate = result.plan
         self.replans += 1
-        self._previous = candidate
-        if self.guard is not None and not self.guard(trace, now, candidate, self.view.profile, self.replans):
-            # The guard compared the plan against plain p2c: that is what runs this period.
+        if self.guard is not None and not self.guard(trace, now, candidate, self.view.profile, self.replans,
+                                                     routing=self.routing):
+            # As in the operator: the plan in effect stays (none yet: the router's routing without
+            # a plan), and the next candidate is planned from it.
             self.guard_rejections += 1
-            self.install(None, key_seeded=False)
             return
+        self._previous = candidate
         self.install(candidate, np.unique(win.key[win.key != NO_KEY]))

@@ -215,8 +215,10 @@ def test_cacheroute_asks_its_guard_before_routing_by_a_new_plan(make_trace) -> N
     trace = make_trace(reqs, block_size=16)
     asked: list[tuple[float, int]] = []
 
-    def guard(trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int) -> bool:
+    def guard(trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int, *,
+              routing: RoutingSettings) -> bool:
         asked.append((now, len(candidate)))
+        assert routing is pol.routing
         return verdict
 
     for verdict in (False, True):
@@ -228,6 +230,20 @@ def test_cacheroute_asks_its_guard_before_routing_by_a_new_plan(make_trace) -> N
         assert [now for now, _ in asked] == [60.0, 120.0, 180.0]
         assert all(routes == 1 for _, routes in asked)
         assert pol.replans == 3
-        # A rejected plan is not routed by: the period runs on p2c.
+        # A rejected plan is not routed by: with no plan in effect yet, the period runs without one.
         assert pol.guard_rejections == (0 if verdict else 3)
         assert (view.key[0] in pol._routes) is verdict
+
+
+def test_a_rejected_candidate_leaves_the_plan_in_effect(make_trace) -> None:
+    reqs = [(float(t), "a", 64, 4, [1, 2, 3, 4, 100 + t]) for t in range(0, 200, 2)]
+    trace = make_trace(reqs, block_size=16)
+    verdicts = iter([True, False, False])
+    pol = CacheRoute(PlannerSettings(control_period_s=60.0, window_s=60.0),
+                     guard=lambda *_a, **_k: next(verdicts))
+    view = bind(pol, trace, 4)
+    for i, r in enumerate(reqs):
+        pol.route(i, r[0])
+    assert (pol.replans, pol.guard_rejections) == (3, 2)
+    # As the operator does: the first plan, applied, still routes after two rejected candidates.
+    assert view.key[0] in pol._routes
