@@ -174,7 +174,8 @@ def test_more_gpus_than_the_nodes_have_is_insufficient_gpus_and_recovers_with_a_
     assert "nvidia.com/gpu" in ready["message"]
     degraded = fleet.pools.await_condition("wide", "Degraded", "True", "InsufficientGPUs")
     assert "8 x nvidia.com/gpu" in degraded["message"]
-    assert fleet.operator.events("InsufficientGPUs", "wide")
+    # The Event's log record may land a moment after the status patch that carries the condition.
+    until(lambda: bool(fleet.operator.events("InsufficientGPUs", "wide")), "the InsufficientGPUs Event", timeout=30)
 
     with extra_node(kube_api, next_index):
         fleet.pools.await_condition("wide", "Ready", "True", timeout=180)
