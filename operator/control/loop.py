@@ -358,11 +358,8 @@ class PlanLoop:
             figures.update(churn=0.0, forcedChurn=0.0)
             return await self._apply(w, candidate, figures, payload)
         if not await self._judge(w, candidate, ready, figures):
-            verdict = result.verdict
-            if verdict is not None and _withdraws(w, verdict):
-                return await self._withdraw(w, verdict, figures)
-            if verdict is not None:
-                _rejected(w, f"lost in the guard: {verdict.reason}")
+            if result.verdict is not None and _withdraws(w, result.verdict):
+                return await self._withdraw(w, result.verdict, figures)
             return result
         if w.spec.mode == "Shadow":
             result.outcome = "shadow"
@@ -417,8 +414,7 @@ class PlanLoop:
         return plan_result, payload
 
     async def _judge(self, w: _Work, candidate: Plan, ready: list[Destination], figures: dict[str, Any]) -> bool:
-        """Run the guard (when enabled) and record its figures; False when the candidate lost (the
-        caller records why, or withdraws the plan in effect)."""
+        """Run the guard (when enabled) and record its figures; False when the candidate lost."""
         result = w.result
         assert result.stats is not None and result.payload is not None
         if not w.spec.guard.enabled:
@@ -441,7 +437,11 @@ class PlanLoop:
         figures["predictedKvHit"] = _share(verdict.candidate.kv_hit)
         p99 = verdict.candidate.ttft_p99_s
         figures["predictedP99TtftSeconds"] = p99 if math.isfinite(p99) else None
-        return verdict.passed or w.spec.mode == "Shadow"
+        if verdict.passed or w.spec.mode == "Shadow":
+            return True
+        if _withdraws(w, verdict):
+            return False
+        return _rejected(w, f"lost in the guard: {verdict.reason}")
 
     async def _withdraw(self, w: _Work, verdict: GuardVerdict, figures: dict[str, Any]) -> PeriodResult:
         """Publish the candidate's pinned routes alone: the plan in effect and the candidate both

@@ -80,14 +80,20 @@ def check_payload(plan: Plan, payload: PlanPayload) -> None:
 
 def pinned_only(plan: Plan, reason: str) -> Plan:
     """`plan` with its pinned routes alone (the routers route every other key as without a plan)."""
-    pinned = set(plan.pinned_keys.tolist())
-    return _plan_from_routes(
-        plan.pool,
-        plan.destinations,
-        {k: v for k, v in plan.routes().items() if k in pinned},
-        pinned=True,
+    keep = np.isin(plan.route_keys, plan.pinned_keys)
+    counts = np.diff(plan.route_offsets)
+    dests = plan.route_dests[np.repeat(keep, counts)]
+    offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+    np.cumsum(counts[keep], out=offsets[1:])
+    return Plan(
+        pool=plan.pool,
+        destinations=plan.destinations,
+        route_keys=plan.route_keys[keep],
+        route_offsets=offsets,
+        route_dests=dests,
         generated_at=plan.generated_at,
         spill_threshold=plan.spill_threshold,
         key_extraction=plan.key_extraction,
-        summary=PlanSummary(admitted_keys=len(pinned), reason=reason),
+        summary=PlanSummary(admitted_keys=int(keep.sum()), reason=reason),
+        pinned_keys=plan.pinned_keys.copy(),
     )
