@@ -76,24 +76,3 @@ def check_payload(plan: Plan, payload: PlanPayload) -> None:
     decoded = decode_plan(payload.files)
     if not same_routing(plan, decoded):
         raise PlanError(f"plan {payload.version} does not decode back to the routes it encodes")
-
-
-def pinned_only(plan: Plan, reason: str) -> Plan:
-    """`plan` with its pinned routes alone (the routers route every other key as without a plan)."""
-    keep = np.isin(plan.route_keys, plan.pinned_keys)
-    counts = np.diff(plan.route_offsets)
-    dests = plan.route_dests[np.repeat(keep, counts)]
-    offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
-    np.cumsum(counts[keep], out=offsets[1:])
-    return Plan(
-        pool=plan.pool,
-        destinations=plan.destinations,
-        route_keys=plan.route_keys[keep],
-        route_offsets=offsets,
-        route_dests=dests,
-        generated_at=plan.generated_at,
-        spill_threshold=plan.spill_threshold,
-        key_extraction=plan.key_extraction,
-        summary=PlanSummary(admitted_keys=int(keep.sum()), reason=reason),
-        pinned_keys=plan.pinned_keys.copy(),
-    )
