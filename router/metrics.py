@@ -12,6 +12,7 @@ collector; the metrics thread only reads them.
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -64,16 +65,19 @@ class _KeyCollector(Collector):
             "Estimated reusable-prefix tokens per key: characters of all but the newest message / 4.",
             labels=["key"],
         )
+        # The requests series carry their created timestamp (`…_key_requests_created`): the
+        # operator counts a series created inside its window from zero (operator/control/promql.py).
+        # One created series per key serves all three counters, which start together.
         for k in snap.keys:
             label = [key_label(k.key, k.name)]
-            requests.add_metric(label, k.requests)
+            requests.add_metric(label, k.requests, created=k.created)
             prompt.add_metric(label, k.prompt_tokens)
             prefix.add_metric(label, k.prefix_tokens)
-        requests.add_metric([OTHER_KEY], snap.other_requests)
+        requests.add_metric([OTHER_KEY], snap.other_requests, created=snap.started)
         prompt.add_metric([OTHER_KEY], snap.other_prompt_tokens)
         prefix.add_metric([OTHER_KEY], snap.other_prefix_tokens)
         none_requests, none_prompt = self._unkeyed.read()
-        requests.add_metric([NO_KEY], none_requests)
+        requests.add_metric([NO_KEY], none_requests, created=self._unkeyed.started)
         prompt.add_metric([NO_KEY], none_prompt)
         yield requests
         yield prompt
@@ -93,6 +97,7 @@ class _Unkeyed:
         self._lock = threading.Lock()
         self.requests = 0
         self.prompt_tokens = 0
+        self.started = time.time()
 
     def add(self, prompt_tokens: int) -> None:
         with self._lock:

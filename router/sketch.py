@@ -8,7 +8,9 @@ estimate and inherits that estimate as its error, so after N requests:
 
 What is exported is not the estimate but what the key did *since it entered the sketch* (exact,
 and monotonic while it stays); everything else is `__other__`, so the exported series always
-add up to the true totals and never decrease while they exist.
+add up to the true totals and never decrease while they exist. Each tracked key carries the wall
+time it entered (its series' created timestamp), so a reader can tell a series that started
+inside its window, whose first sample already holds requests, from one that was there before.
 
 Updates come from the event loop; the metrics endpoint reads from its own thread, hence the lock.
 """
@@ -17,15 +19,18 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
 class _Entry:
-    __slots__ = ("error", "estimate", "name", "prefix_tokens", "prompt_tokens", "requests")
+    __slots__ = ("created", "error", "estimate", "name", "prefix_tokens", "prompt_tokens", "requests")
 
-    def __init__(self, estimate: int, error: int, name: str | None) -> None:
+    def __init__(self, estimate: int, error: int, name: str | None, created: float) -> None:
         self.estimate = estimate
         self.error = error
+        self.created = created
         self.requests = 0
         self.prompt_tokens = 0
         self.prefix_tokens = 0
@@ -41,6 +46,7 @@ class KeyCounts:
     prefix_tokens: int
     estimate: int
     error: int
+    created: float  # unix seconds the key entered the sketch (its counts start from zero there)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class SketchSnapshot:
     total_prompt_tokens: int
     total_prefix_tokens: int
     capacity: int
+    started: float  # unix seconds the sketch was made (`__other__` counts from there)
 
     @property
     def other_requests(self) -> int:
@@ -70,11 +77,13 @@ class SketchSnapshot:
 
 
 class HeavyKeys:
-    def __init__(self, capacity: int, *, keep_names: bool = False) -> None:
+    def __init__(self, capacity: int, *, keep_names: bool = False, clock: Callable[[], float] = time.time) -> None:
         if capacity < 1:
             raise ValueError(f"sketch capacity {capacity} must be >= 1")
         self.capacity = capacity
         self._keep_names = keep_names
+        self._clock = clock
+        self.started = clock()
         self._entries: dict[int, _Entry] = {}
         # (estimate when pushed, key); an estimate only grows, so a stale entry is a lower bound.
         self._heap: list[tuple[int, int]] = []
@@ -99,10 +108,10 @@ class HeavyKeys:
 
     def _admit(self, key: int, name: str | None) -> _Entry:
         if len(self._entries) < self.capacity:
-            entry = _Entry(0, 0, name)
+            entry = _Entry(0, 0, name, self._clock())
         else:
             floor = self._evict_min()
-            entry = _Entry(floor, floor, name)
+            entry = _Entry(floor, floor, name, self._clock())
         self._entries[key] = entry
         # Pushed with the estimate it will have after this request: a lower bound from now on.
         heapq.heappush(self._heap, (entry.estimate + 1, key))
@@ -131,7 +140,7 @@ class HeavyKeys:
     def snapshot(self) -> SketchSnapshot:
         with self._lock:
             rows = [
-                (k, e.name, e.requests, e.prompt_tokens, e.prefix_tokens, e.estimate, e.error)
+                (k, e.name, e.requests, e.prompt_tokens, e.prefix_tokens, e.estimate, e.error, e.created)
                 for k, e in self._entries.items()
             ]
             totals = (self._total_requests, self._total_prompt, self._total_prefix)
@@ -141,4 +150,5 @@ class HeavyKeys:
             total_prompt_tokens=totals[1],
             total_prefix_tokens=totals[2],
             capacity=self.capacity,
+            started=self.started,
         )

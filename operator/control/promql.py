@@ -3,7 +3,8 @@
 Series are selected by the labels the cluster's Prometheus keeps for pods (`namespace`, `pod`):
 router pods are `<pool>-router-<replicaset>-<id>` (the pool's router Deployment), vLLM pods
 `<pool>-<ordinal>` (its StatefulSet). A key is the same hash on every router replica, so per-key
-counters are summed over replicas; `increase` copes with router restarts (counter resets).
+counters are summed over replicas; `increase` copes with router restarts (counter resets), and a
+key's series created inside the window counts from zero (`key_counter`).
 
 vLLM renamed its prefix-cache and KV-usage metrics (`vllm:gpu_prefix_cache_*` became
 `vllm:prefix_cache_*`, `vllm:gpu_cache_usage_perc` became `vllm:kv_cache_usage_perc`) and exports
@@ -20,6 +21,8 @@ ROUTER_PREFIX = "cacheroute_router"
 KEY_REQUESTS = f"{ROUTER_PREFIX}_key_requests_total"
 KEY_PROMPT_TOKENS = f"{ROUTER_PREFIX}_key_prompt_tokens_total"
 KEY_PREFIX_TOKENS = f"{ROUTER_PREFIX}_key_prefix_tokens_total"
+# When a key's series started (unix seconds), as prometheus_client exports a counter's creation.
+KEY_CREATED = f"{ROUTER_PREFIX}_key_requests_created"
 # Label values of the router's per-key series that are not keys (router/metrics.py).
 OTHER_KEY = "__other__"
 NO_KEY = "__none__"
@@ -80,9 +83,25 @@ def _first_of(names: tuple[str, ...], template: str) -> str:
     return " or ".join(template.format(name=n) for n in names)
 
 
-def key_counter(series: PoolSeries, metric: str, window: str) -> str:
-    """Per key label: the counter's increase over the window, summed over router replicas."""
-    return f"sum by (key) (increase({metric}{{{series.router}}}[{window}]))"
+def key_counter(series: PoolSeries, metric: str, window_s: int) -> str:
+    """Per key label: the counter's increase over the window, summed over router replicas.
+
+    A router creates a key's series at the key's first request, so the first sample Prometheus
+    takes already holds every request before that scrape, and `increase` (a difference between
+    samples) never counts them: a new key's burst between two scrapes would count nothing. The
+    router exports when each key's series started (`…_key_requests_created`, one per key for
+    all three counters): a series created inside the window counts its last value (it started
+    from zero there), any other its increase (also where Prometheus keeps no `_created` series:
+    then as before). Judging by the creation time, not by the first sample, matters after a gap
+    in scraping: a series first seen after a Prometheus outage was not born in the window.
+    """
+    window = range_of(window_s)
+    selected = f"{metric}{{{series.router}}}"
+    born = f"({KEY_CREATED}{{{series.router}}} > time() - {window_s})"
+    return (
+        f"sum by (key) ((increase({selected}[{window}]) unless {born})"
+        f" or (last_over_time({selected}[{window}]) and {born}))"
+    )
 
 
 def engine_counter(series: PoolSeries, names: tuple[str, ...], window: str) -> str:
@@ -112,10 +131,11 @@ class WindowQueries:
 
 def window_queries(series: PoolSeries, window_s: float) -> WindowQueries:
     w = range_of(window_s)
+    seconds = int(w[:-1])
     return WindowQueries(
-        key_requests=key_counter(series, KEY_REQUESTS, w),
-        key_prompt_tokens=key_counter(series, KEY_PROMPT_TOKENS, w),
-        key_prefix_tokens=key_counter(series, KEY_PREFIX_TOKENS, w),
+        key_requests=key_counter(series, KEY_REQUESTS, seconds),
+        key_prompt_tokens=key_counter(series, KEY_PROMPT_TOKENS, seconds),
+        key_prefix_tokens=key_counter(series, KEY_PREFIX_TOKENS, seconds),
         generation_tokens=engine_counter(series, GENERATION_TOKENS, w),
         prefix_cache_hits=engine_counter(series, PREFIX_CACHE_HITS, w),
         prefix_cache_queries=engine_counter(series, PREFIX_CACHE_QUERIES, w),

@@ -94,6 +94,8 @@ class _Counters:
         self.lock = threading.Lock()
         self.values: dict[tuple[str, ...], float] = {}
         self.rates: dict[tuple[str, ...], float] = {}
+        # When each series started, exported as a router exports it (`…_created`).
+        self.created: dict[tuple[str, ...], float] = {}
         self.last = time.time()
 
     def set_rates(self, rates: Mapping[tuple[str, ...], float]) -> None:
@@ -101,7 +103,21 @@ class _Counters:
             self._advance()
             self.rates = dict(rates)
             for k in self.rates:
-                self.values.setdefault(k, 0.0)
+                self._start(k)
+
+    def add(self, amounts: Mapping[tuple[str, ...], float], started: float | None = None) -> None:
+        """Counts that arrive at once (a burst between two scrapes), on top of the rates; new
+        series started at `started` (default: now)."""
+        with self.lock:
+            self._advance()
+            for k, v in amounts.items():
+                self._start(k, started)
+                self.values[k] += v
+
+    def _start(self, series: tuple[str, ...], started: float | None = None) -> None:
+        if series not in self.values:
+            self.values[series] = 0.0
+            self.created[series] = time.time() if started is None else started
 
     def _advance(self) -> None:
         now = time.time()
@@ -110,10 +126,11 @@ class _Counters:
         for k, r in self.rates.items():
             self.values[k] = self.values.get(k, 0.0) + r * dt
 
-    def read(self) -> dict[tuple[str, ...], float]:
+    def read(self) -> tuple[dict[tuple[str, ...], float], dict[tuple[str, ...], float]]:
+        """The values and the series' start times."""
         with self.lock:
             self._advance()
-            return dict(self.values)
+            return dict(self.values), dict(self.created)
 
 
 class _PodCollector(Collector):
@@ -124,13 +141,15 @@ class _PodCollector(Collector):
         self.legacy = legacy
 
     def collect(self) -> Iterator[Any]:
-        values = self.counters.read()
+        values, created = self.counters.read()
         if self.kind == "router":
             for metric in ("requests", "prompt_tokens", "prefix_tokens"):
                 family = CounterMetricFamily(f"cacheroute_router_key_{metric}", metric, labels=["key"])
                 for (name, label), value in values.items():
                     if name == metric:
-                        family.add_metric([label], value)
+                        # As the router: only the requests series carry their start.
+                        start = created[(name, label)] if metric == "requests" else None
+                        family.add_metric([label], value, created=start)
                 yield family
             return
         gpu = "gpu_" if self.legacy else ""
@@ -259,6 +278,15 @@ class FleetMetrics:
                     }
                 )
                 pod.gauges.update(waiting=1.0, running=4.0, kv_usage=0.5)
+
+    def burst(self, key: str, requests: int, prompt_tokens: int, *, started: float | None = None) -> None:
+        """`requests` of `key` on the first router replica at once: a key it had not seen
+        before gets its series with those counts already in it, as a router creates it; with
+        `started`, a series the router began then, which Prometheus sees only now."""
+        router = next(p for p in self.pods if p.kind == "router")
+        label = key_label(key)
+        router.counters.add({("requests", label): requests, ("prompt_tokens", label): requests * prompt_tokens,
+                             ("prefix_tokens", label): 0.0}, started)
 
     def stop(self) -> None:
         for pod in self.pods:
@@ -395,6 +423,18 @@ def wait_for_window(
         return True
 
     wait_until(full, timeout=timeout, what=f"a full {window_s}s window of router metrics", interval=0.5)
+
+
+def wait_for_samples(prometheus_url: str, namespace: str, label: str, samples: int, timeout: float = 30.0) -> None:
+    """Until Prometheus holds `samples` scrapes of the request series of key `label`."""
+    query = f'count_over_time(cacheroute_router_key_requests_total{{namespace="{namespace}",key="{label}"}}[1m])'
+
+    def scraped() -> bool:
+        body = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
+        result = body["data"]["result"]
+        return bool(result) and int(float(result[0]["value"][1])) >= samples
+
+    wait_until(scraped, timeout=timeout, what=f"{samples} scrapes of key {label}", interval=0.2)
 
 
 def wait_for_quiet_keys(prometheus_url: str, namespace: str, keys: Sequence[str], window_s: int) -> None:
@@ -620,7 +660,11 @@ def expected_stats(prometheus_url: str, namespace: str, window_s: int, at: int) 
     """Per-key statistics of the namespace's router series over `[at - window_s, at]`."""
 
     def per_key(metric: str) -> dict[str, float]:
-        q = f'sum by (key) (increase(cacheroute_router_key_{metric}_total{{namespace="{namespace}"}}[{window_s}s]))'
+        # A series created inside the window counts from zero (its value), any other its increase.
+        counter = f'cacheroute_router_key_{metric}_total{{namespace="{namespace}"}}'
+        new = f'(cacheroute_router_key_requests_created{{namespace="{namespace}"}} > {at - window_s})'
+        q = (f"sum by (key) ((increase({counter}[{window_s}s]) unless {new})"
+             f" or (last_over_time({counter}[{window_s}s]) and {new}))")
         return _instant(prometheus_url, q, at)
 
     requests, prompt, prefix = per_key("requests"), per_key("prompt_tokens"), per_key("prefix_tokens")

@@ -10,7 +10,14 @@ import pytest
 from cacheroute.operator.control.prometheus import MetricsReadError, PrometheusReader
 from cacheroute.operator.control.promql import PoolSeries
 from cacheroute.sandbox.process import free_port
-from tests.support.control import ControlEnv, Traffic, key_label, wait_for_window, zipf_traffic
+from tests.support.control import (
+    ControlEnv,
+    Traffic,
+    key_label,
+    wait_for_samples,
+    wait_for_window,
+    zipf_traffic,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +51,36 @@ async def test_window_sums_router_replicas_and_reads_both_vllm_names(env: Contro
     assert window.generation_tokens and window.generation_tokens / window.total_requests == pytest.approx(
         traffic.output_tokens, rel=0.25
     )
+
+
+async def test_a_new_keys_burst_between_two_scrapes_is_counted(env: ControlEnv) -> None:
+    """A key's first requests all land before Prometheus first scrapes its series: the window
+    still counts them (a router creates a key's series at its first request). A series that
+    Prometheus sees for the first time but the router began an hour ago (as after an outage of
+    Prometheus) is not counted whole."""
+    traffic = zipf_traffic(3, 10.0, prompt=100, prefix_share=0.5, exponent=1.0)
+    fleet = env.fleet("llama", routers=1, engines=1)
+    fleet.set_traffic(traffic)
+    wait_for_window(env.prometheus_url, env.namespace, len(traffic.keys) + 2, WINDOW, engines=1)
+    fleet.burst("tenant-new", requests=7, prompt_tokens=300)
+    fleet.burst("tenant-old", requests=5000, prompt_tokens=300, started=time.time() - 3600)
+    label = key_label("tenant-new")
+    wait_for_samples(env.prometheus_url, env.namespace, label, 2)
+    wait_for_samples(env.prometheus_url, env.namespace, key_label("tenant-old"), 2)
+
+    reader = PrometheusReader(env.prometheus_url, timeout_s=5)
+    try:
+        window = await reader.read_window(PoolSeries(env.namespace, "llama"), WINDOW, at=int(time.time()))
+    finally:
+        reader.close()
+    counts = dict(zip(window.keys.labels, window.keys.requests, strict=True))
+    assert counts.get(label) == 7
+    assert key_label("tenant-old") not in counts  # no increase seen: not 5,000 requests in the window
+    prompt = dict(zip(window.keys.labels, window.keys.prompt_tokens, strict=True))
+    assert prompt[label] == 7 * 300
+    # The keys that were there before the window still count their increase, not their total.
+    for k in traffic.keys:
+        assert counts[key_label(k.key)] / WINDOW == pytest.approx(k.rate, rel=0.25)
 
 
 async def test_an_absent_prometheus_is_reported_as_unreachable() -> None:

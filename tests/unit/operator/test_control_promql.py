@@ -11,9 +11,13 @@ from cacheroute.operator.control.promql import PoolSeries, range_of, window_quer
 
 def test_router_series_are_summed_per_key_over_the_pools_router_pods() -> None:
     q = window_queries(PoolSeries("llm", "llama"), 1800.0)
+    pods = 'namespace="llm",pod=~"llama-router-[a-z0-9]+-[a-z0-9]+"'
+    selected = "cacheroute_router_key_requests_total{" + pods + "}"
+    born = "(cacheroute_router_key_requests_created{" + pods + "} > time() - 1800)"
+    # Series created before the window count their increase; series created in it, their value.
     assert q.key_requests == (
-        'sum by (key) (increase(cacheroute_router_key_requests_total{namespace="llm",'
-        'pod=~"llama-router-[a-z0-9]+-[a-z0-9]+"}[1800s]))'
+        f"sum by (key) ((increase({selected}[1800s]) unless {born})"
+        f" or (last_over_time({selected}[1800s]) and {born}))"
     )
     assert "cacheroute_router_key_prompt_tokens_total" in q.key_prompt_tokens
     assert "cacheroute_router_key_prefix_tokens_total" in q.key_prefix_tokens

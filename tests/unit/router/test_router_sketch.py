@@ -92,3 +92,21 @@ def test_names_are_kept_only_when_asked() -> None:
     anonymous = HeavyKeys(4)
     anonymous.add(1, name="alice")
     assert anonymous.snapshot().keys[0].name is None
+
+
+def test_a_key_carries_the_time_it_entered_and_a_readmitted_key_a_new_one() -> None:
+    now = [100.0]
+    sketch = HeavyKeys(1, clock=lambda: now[0])
+    assert sketch.snapshot().started == 100.0
+    now[0] = 105.0
+    sketch.add(1)
+    now[0] = 110.0
+    sketch.add(1)  # a later request does not move the key's start
+    [entry] = sketch.snapshot().keys
+    assert (entry.key, entry.created) == (1, 105.0)
+    now[0] = 120.0
+    sketch.add(2)  # evicts key 1 (capacity 1)
+    now[0] = 130.0
+    sketch.add(1)  # key 1 back, counting from zero again
+    [entry] = sketch.snapshot().keys
+    assert (entry.key, entry.requests, entry.created) == (1, 1, 130.0)
