@@ -142,6 +142,27 @@ def whole_free_nodes(kube_api: Any) -> tuple[int, int]:
     return free, index
 
 
+def scheduling_report(kube_api: Any, namespace: str) -> str:
+    """Where the GPUs went and why the namespace's pending pods wait: nodes with their GPU
+    allocatable, taints and pods, then each pending pod's scheduler Events."""
+    core = client.CoreV1Api(kube_api)
+    pods = core.list_pod_for_all_namespaces().items
+    lines = []
+    for node in core.list_node(label_selector=f"{nodes.SANDBOX_NODE_LABEL}=true").items:
+        name = node.metadata.name
+        on = [f"{p.metadata.namespace}/{p.metadata.name}({p.status.phase}"
+              f"{', deleting' if p.metadata.deletion_timestamp else ''})" for p in pods if p.spec.node_name == name]
+        gpus = (node.status.allocatable or {}).get(nodes.GPU_RESOURCE)
+        taints = [f"{t.key}:{t.effect}" for t in node.spec.taints or []]
+        lines.append(f"node {name}: {gpus} GPUs, taints {taints}, unschedulable {node.spec.unschedulable}, pods {on}")
+    for pod in pods:
+        if pod.metadata.namespace == namespace and not pod.spec.node_name:
+            events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod.metadata.name}")
+            said = [f"{e.reason}: {e.message}" for e in events.items]
+            lines.append(f"pending {pod.metadata.name}: {said}")
+    return "\n".join(lines)
+
+
 @contextlib.contextmanager
 def extra_node(kube_api: Any, index: int) -> Any:
     """A fake H100 node for the duration; its pods are gone before it goes (kwok would abandon them)."""
@@ -178,7 +199,10 @@ def test_more_gpus_than_the_nodes_have_is_insufficient_gpus_and_recovers_with_a_
     until(lambda: bool(fleet.operator.events("InsufficientGPUs", "wide")), "the InsufficientGPUs Event", timeout=30)
 
     with extra_node(kube_api, next_index):
-        fleet.pools.await_condition("wide", "Ready", "True", timeout=180)
+        try:
+            fleet.pools.await_condition("wide", "Ready", "True", timeout=180)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{scheduling_report(kube_api, fleet.namespace)}") from None
         fleet.pools.await_condition("wide", "Degraded", "False")
         fleet.pools.remove_all()
 
