@@ -34,6 +34,8 @@ INVALID_INPUT = "InvalidInput"
 INVALID_PINNED = "InvalidPinned"
 PINNED_ROUTES = "PinnedRoutes"
 PLAN_APPLIED = "PlanApplied"
+# The plan in effect became worse than no plan on recent traffic: only its pinned routes stay.
+PLAN_WITHDRAWN = "PlanWithdrawn"
 UNCHANGED = "Unchanged"
 GUARD_REJECTED = "GuardRejected"
 SHADOW_MODE = "ShadowMode"

@@ -40,7 +40,7 @@ from cacheroute.operator.control.guard import routing_of, run_guard
 from cacheroute.operator.control.kube import ApiError, ControlApi
 from cacheroute.operator.control.metrics import PlanMetrics
 from cacheroute.operator.control.period import EventKind, PeriodResult, pct, seconds_text, verdict_text
-from cacheroute.operator.control.plans import check_payload, manual_plan, same_routing
+from cacheroute.operator.control.plans import check_payload, manual_plan, pinned_only, same_routing
 from cacheroute.operator.control.prometheus import (
     REASON_NOT_CONFIGURED,
     MetricsReadError,
@@ -56,6 +56,7 @@ from cacheroute.planner.errors import PlanInputError
 from cacheroute.planner.plan import Destination, Plan, PlanError, validate_plan
 from cacheroute.planner.plan_format import PlanPayload, encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
+from cacheroute.planner.replay.guard import GuardVerdict
 
 log = logging.getLogger(__name__)
 
@@ -357,6 +358,11 @@ class PlanLoop:
             figures.update(churn=0.0, forcedChurn=0.0)
             return await self._apply(w, candidate, figures, payload)
         if not await self._judge(w, candidate, ready, figures):
+            verdict = result.verdict
+            if verdict is not None and _withdraws(w, verdict):
+                return await self._withdraw(w, verdict, figures)
+            if verdict is not None:
+                _rejected(w, f"lost in the guard: {verdict.reason}")
             return result
         if w.spec.mode == "Shadow":
             result.outcome = "shadow"
@@ -411,7 +417,8 @@ class PlanLoop:
         return plan_result, payload
 
     async def _judge(self, w: _Work, candidate: Plan, ready: list[Destination], figures: dict[str, Any]) -> bool:
-        """Run the guard (when enabled) and record its figures; False when the candidate lost."""
+        """Run the guard (when enabled) and record its figures; False when the candidate lost (the
+        caller records why, or withdraws the plan in effect)."""
         result = w.result
         assert result.stats is not None and result.payload is not None
         if not w.spec.guard.enabled:
@@ -434,14 +441,30 @@ class PlanLoop:
         figures["predictedKvHit"] = _share(verdict.candidate.kv_hit)
         p99 = verdict.candidate.ttft_p99_s
         figures["predictedP99TtftSeconds"] = p99 if math.isfinite(p99) else None
-        if verdict.passed or w.spec.mode == "Shadow":
-            return True
-        return _rejected(w, f"lost in the guard: {verdict.reason}")
+        return verdict.passed or w.spec.mode == "Shadow"
+
+    async def _withdraw(self, w: _Work, verdict: GuardVerdict, figures: dict[str, Any]) -> PeriodResult:
+        """Publish the candidate's pinned routes alone: the plan in effect and the candidate both
+        lose to the routers without a plan (docs/affinity-plan.md, step 5)."""
+        result = w.result
+        assert result.candidate is not None and result.payload is not None
+        why = (f"plan {w.current.version} withdrawn, worse than no plan on recent traffic "
+               f"({verdict.current_reason}); candidate {result.payload.version} lost in the guard ({verdict.reason})")
+        plan = pinned_only(result.candidate, why)
+        figures.update(admittedKeys=len(plan), coveredRequestShare=None, churn=None, forcedChurn=None,
+                       predictedKvHit=_share(verdict.baseline.kv_hit))
+        p99 = verdict.baseline.ttft_p99_s
+        figures["predictedP99TtftSeconds"] = p99 if math.isfinite(p99) else None
+        rejected = result.payload.version
+        applied = await self._apply(w, plan, figures, reason=cond.PLAN_WITHDRAWN, why=why)
+        applied.status["candidateVersion"] = rejected
+        return applied
 
     # --- applying ----------------------------------------------------------------------------------
 
     async def _apply(
-        self, w: _Work, plan: Plan, figures: Mapping[str, Any], payload: PlanPayload | None = None
+        self, w: _Work, plan: Plan, figures: Mapping[str, Any], payload: PlanPayload | None = None, *,
+        reason: str = cond.PLAN_APPLIED, why: str = "",
     ) -> PeriodResult:
         result = w.result
         if same_routing(plan, w.current.plan):
@@ -477,16 +500,15 @@ class PlanLoop:
         result.outcome = "applied"
         result.status.update(figures, planVersion=payload.version, appliedAt=iso(self.clock()))
         self.metrics.in_effect(w.pool_name, payload.version, len(plan))
-        parts = [f"plan {payload.version} applied ({w.spec.mode}): {len(plan):,} routes"]
+        parts = [why] if why else []
+        parts.append(f"plan {payload.version} applied ({w.spec.mode}): {len(plan):,} routes")
         if figures.get("coveredRequestShare") is not None:
             parts.append(f"{pct(figures['coveredRequestShare'])} of requests")
         if figures.get("churn") is not None:
             parts.append(f"churn {pct(figures['churn'])} (forced {pct(figures.get('forcedChurn'))})")
         message = ", ".join(parts) + f"; {verdict_text(result.verdict)}; {seconds_text(result.seconds)}"
-        result.add(
-            Finding(cond.APPLIED, True, cond.PLAN_APPLIED, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED)
-        )
-        result.tell("Normal", cond.PLAN_APPLIED, message)
+        result.add(Finding(cond.APPLIED, True, reason, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
+        result.tell("Normal" if reason == cond.PLAN_APPLIED else "Warning", reason, message)
         return result
 
     def _other_writer(self, w: _Work) -> str | None:
@@ -522,6 +544,19 @@ def _share(x: float) -> float:
 
 def _unchanged(w: _Work) -> Finding:
     return Finding(cond.APPLIED, True, cond.UNCHANGED, f"plan {w.current.version} already routes this way")
+
+
+def _withdraws(w: _Work, verdict: GuardVerdict) -> bool:
+    """Auto, the candidate lost, and so does the plan in effect against no plan: it has computed
+    routes to withdraw (its pinned routes stay)."""
+    current = w.current.plan
+    return (
+        w.spec.mode == "Auto"
+        and not verdict.passed
+        and not verdict.current_holds
+        and current is not None
+        and len(current) > len(current.pinned_keys)
+    )
 
 
 def _rejected(w: _Work, reason: str) -> bool:

@@ -76,3 +76,18 @@ def check_payload(plan: Plan, payload: PlanPayload) -> None:
     decoded = decode_plan(payload.files)
     if not same_routing(plan, decoded):
         raise PlanError(f"plan {payload.version} does not decode back to the routes it encodes")
+
+
+def pinned_only(plan: Plan, reason: str) -> Plan:
+    """`plan` with its pinned routes alone (the routers route every other key as without a plan)."""
+    pinned = set(plan.pinned_keys.tolist())
+    return _plan_from_routes(
+        plan.pool,
+        plan.destinations,
+        {k: v for k, v in plan.routes().items() if k in pinned},
+        pinned=True,
+        generated_at=plan.generated_at,
+        spill_threshold=plan.spill_threshold,
+        key_extraction=plan.key_extraction,
+        summary=PlanSummary(admitted_keys=len(pinned), reason=reason),
+    )

@@ -16,8 +16,10 @@ candidate passes when its predicted p99 TTFT meets the SLO (or at least does not
 than the baseline does), is not worse than the baseline's by more than the tolerance, and its
 served KV hit is at least the baseline's plus `min_kv_hit_gain`; so a plan whose foresight does not
 pay (keys that do not repeat, where pinning costs p2c's balance) is not applied, and the router
-degrades to its per-request routing rather than below it. Caches start cold: the first
-`warmup_fraction` of the window only warms them.
+degrades to its per-request routing rather than below it. The plan in effect is judged by the
+looser rules (`current_holds`, `worse_than_no_plan`): one that has become clearly worse than no
+plan (the traffic changed since it was applied) is withdrawn rather than kept. Caches start cold: the
+first `warmup_fraction` of the window only warms them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class GuardSettings:
     tolerance: float = 0.05  # relative slack on p99 TTFT against the baseline
     tolerance_s: float = 0.05  # absolute slack, so near-zero latencies do not flip the verdict
     min_kv_hit_gain: float = 0.0
+    # The plan in effect is withdrawn only when clearly worse than no plan: a served KV hit lower by
+    # more than this (a point: the replay of a synthesised window moves by tenths of one between
+    # seeds), or a p99 TTFT missing the SLO that no plan meets.
+    withdraw_kv_margin: float = 0.01
     warmup_fraction: float = 0.5
     # How much recent traffic a replay-time guard (the `cacheroute-guard` policy) replays.
     window_s: float = 120.0
@@ -47,7 +53,7 @@ class GuardSettings:
     def __post_init__(self) -> None:
         if not self.slo_p99_ttft_s > 0:
             raise ValueError("guard SLO must be positive")
-        if self.tolerance < 0 or self.tolerance_s < 0:
+        if self.tolerance < 0 or self.tolerance_s < 0 or self.withdraw_kv_margin < 0:
             raise ValueError("guard tolerances must not be negative")
         if not 0 <= self.warmup_fraction < 1:
             raise ValueError("guard warmup_fraction must be in [0, 1)")
@@ -64,12 +70,17 @@ class GuardVerdict:
     baseline: ReplayMetrics
     current: ReplayMetrics | None
     better_than_current: bool
+    # The plan in effect is no worse than no plan (True when there is none); what it falls short by.
+    current_holds: bool = True
+    current_reason: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
             "passed": self.passed,
             "reason": self.reason,
             "better_than_current": self.better_than_current,
+            "current_holds": self.current_holds,
+            "current_reason": self.current_reason,
             "candidate": self.candidate.to_dict(),
             "baseline": self.baseline.to_dict(),
             "current": self.current.to_dict() if self.current is not None else None,
@@ -102,15 +113,8 @@ def guard(
     cand = summarize(replay_trace(window, Planned(candidate, routing=routing), cfg))
     base = summarize(replay_trace(window, Planned(None, routing=routing), cfg))
     cur = summarize(replay_trace(window, Planned(current, routing=routing), cfg)) if current is not None else None
-    limit = base.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
-    reasons = []
-    if cand.ttft_p99_s > s.slo_p99_ttft_s and cand.ttft_p99_s > base.ttft_p99_s:
-        reasons.append(f"p99 TTFT {cand.ttft_p99_s:.2f}s misses the SLO {s.slo_p99_ttft_s:.2f}s")
-    if cand.ttft_p99_s > limit:
-        reasons.append(f"p99 TTFT {cand.ttft_p99_s:.2f}s worse than without a plan ({base.ttft_p99_s:.2f}s)")
-    if cand.kv_hit < base.kv_hit + s.min_kv_hit_gain:
-        reasons.append(f"KV hit {cand.kv_hit:.1%} does not beat {base.kv_hit:.1%} without a plan by "
-                       f"{s.min_kv_hit_gain:.1%}")
+    reasons = shortfalls(cand, base, s, s.min_kv_hit_gain)
+    current_reasons = worse_than_no_plan(cur, base, s) if cur is not None else []
     better = cur is None or cand.ttft_p99_s <= cur.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
     passed = not reasons
     reason = "; ".join(reasons) if reasons else (
@@ -118,7 +122,33 @@ def guard(
         f"{cand.ttft_p99_s:.2f}s (without a plan {base.ttft_p99_s:.2f}s)"
     )
     return GuardVerdict(passed=passed, reason=reason, candidate=cand, baseline=base, current=cur,
-                        better_than_current=better)
+                        better_than_current=better, current_holds=not current_reasons,
+                        current_reason="; ".join(current_reasons))
+
+
+def worse_than_no_plan(plan: ReplayMetrics, base: ReplayMetrics, s: GuardSettings) -> list[str]:
+    """Why the plan in effect should be withdrawn (none: it holds; module docstring)."""
+    reasons = []
+    if plan.ttft_p99_s > s.slo_p99_ttft_s >= base.ttft_p99_s:
+        reasons.append(f"p99 TTFT {plan.ttft_p99_s:.2f}s misses the SLO {s.slo_p99_ttft_s:.2f}s, met without a "
+                       f"plan ({base.ttft_p99_s:.2f}s)")
+    if plan.kv_hit < base.kv_hit - s.withdraw_kv_margin:
+        reasons.append(f"KV hit {plan.kv_hit:.1%} below {base.kv_hit:.1%} without a plan")
+    return reasons
+
+
+def shortfalls(plan: ReplayMetrics, base: ReplayMetrics, s: GuardSettings, min_kv_hit_gain: float) -> list[str]:
+    """What a plan's predicted figures fall short by against no plan's (module docstring)."""
+    limit = base.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
+    reasons = []
+    if plan.ttft_p99_s > s.slo_p99_ttft_s and plan.ttft_p99_s > base.ttft_p99_s:
+        reasons.append(f"p99 TTFT {plan.ttft_p99_s:.2f}s misses the SLO {s.slo_p99_ttft_s:.2f}s")
+    if plan.ttft_p99_s > limit:
+        reasons.append(f"p99 TTFT {plan.ttft_p99_s:.2f}s worse than without a plan ({base.ttft_p99_s:.2f}s)")
+    if plan.kv_hit < base.kv_hit + min_kv_hit_gain:
+        reasons.append(f"KV hit {plan.kv_hit:.1%} does not beat {base.kv_hit:.1%} without a plan by "
+                       f"{min_kv_hit_gain:.1%}")
+    return reasons
 
 
 def guard_from_stats(
@@ -142,17 +172,17 @@ def guard_from_stats(
 class ReplayGuard:
     """The guard as a replayed CacheRoute runs it at every re-plan (a `planned.PlanGuard`).
 
-    The candidate is replayed against no plan on the last `settings.window_s` of traffic before `now`;
-    the incumbent is not (cost). With almost no recent traffic there is nothing to judge: the
-    candidate stands.
+    The candidate and the plan in effect are replayed against no plan on the last
+    `settings.window_s` of traffic before `now`: (the candidate passes, the plan in effect holds).
+    With almost no recent traffic there is nothing to judge: both stand.
     """
 
     settings: GuardSettings = GuardSettings()
 
     def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int, *,
-                 routing: RoutingSettings = CACHEROUTE_ROUTING) -> bool:
+                 routing: RoutingSettings = CACHEROUTE_ROUTING, current: Plan | None = None) -> tuple[bool, bool]:
         recent = trace.window(max(now - self.settings.window_s, float(trace.arrival_s[0])), now)
         if len(recent) < 2:
-            return True
-        return guard(recent, candidate, None, profile=profile, settings=self.settings, seed=seed,
-                     routing=routing).passed
+            return True, True
+        v = guard(recent, candidate, current, profile=profile, settings=self.settings, seed=seed, routing=routing)
+        return v.passed, v.current_holds

@@ -16,7 +16,7 @@ arrived in the previous `window_s` (30 min) only (`keystats.key_stats_from_trace
 future), with `planning.compute_plan` and the previous plan for stability. Before the first
 period ends there is no plan (every key by the unplanned rule). With a guard, each candidate plan
 is replayed against no plan on the past window and, when it predicts no gain, the plan in effect
-stays, as in the operator.
+stays, as in the operator, unless it has become worse than no plan: then it is withdrawn.
 """
 
 from __future__ import annotations
@@ -282,11 +282,11 @@ class PlannerSettings:
 
 class PlanGuard(Protocol):
     """A check of every candidate plan before CacheRoute routes by it (`guard.ReplayGuard`):
-    whether the candidate may run, judged on `trace` up to `now` on destinations of `profile`,
-    every plan routed by `routing`."""
+    whether the candidate may run, and whether the plan in effect (`current`) may stay, judged on
+    `trace` up to `now` on destinations of `profile`, every plan routed by `routing`."""
 
     def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int, *,
-                 routing: RoutingSettings) -> bool: ...
+                 routing: RoutingSettings, current: Plan | None) -> tuple[bool, bool]: ...
 
 
 class CacheRoute(Planned):
@@ -299,6 +299,7 @@ class CacheRoute(Planned):
         self.guard = guard
         self.replans = 0
         self.guard_rejections = 0
+        self.withdrawals = 0
 
     def describe(self) -> dict[str, object]:
         s = self.settings
@@ -334,6 +335,7 @@ class CacheRoute(Planned):
         self._cost = cost
         self.replans = 0
         self.guard_rejections = 0
+        self.withdrawals = 0
 
     def route(self, i: int, now: float) -> int:
         if now >= self._next_plan:
@@ -368,11 +370,17 @@ class CacheRoute(Planned):
             return
         candidate = result.plan
         self.replans += 1
-        if self.guard is not None and not self.guard(trace, now, candidate, self.view.profile, self.replans,
-                                                     routing=self.routing):
-            # As in the operator: the plan in effect stays (none yet: the router's routing without
-            # a plan), and the next candidate is planned from it.
-            self.guard_rejections += 1
-            return
+        if self.guard is not None:
+            passed, holds = self.guard(trace, now, candidate, self.view.profile, self.replans, routing=self.routing,
+                                       current=self._previous)
+            if not passed:
+                # As in the operator: the plan in effect stays while it is no worse than no plan (none
+                # yet: the router's routing without one), and the next candidate is planned from it.
+                self.guard_rejections += 1
+                if self._previous is not None and not holds:
+                    self.withdrawals += 1
+                    self._previous = None
+                    self.install(None)
+                return
         self._previous = candidate
         self.install(candidate, np.unique(win.key[win.key != NO_KEY]))

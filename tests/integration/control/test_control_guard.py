@@ -1,10 +1,13 @@
-"""A candidate that loses in the guard is not applied: the plan in effect stays."""
+"""A candidate that loses in the guard is not applied: the plan in effect stays, unless it has
+itself become worse than no plan, when it is withdrawn."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.support.control import (
+    GROUP,
+    VERSION,
     ControlEnv,
     condition,
     create_plan,
@@ -53,7 +56,9 @@ def test_low_reuse_candidate_is_rejected_and_the_plan_in_effect_stays(env: Contr
         obj = wait_for_period_after(kube_api, namespace, "llama", obj["status"]["lastPeriodTime"])
         applied = condition(obj, "Applied")
         assert (applied["status"], applied["reason"]) == ("False", "GuardRejected")
-        assert "KV hit 0.0% does not beat 0.0% without a plan" in applied["message"] and in_effect in applied["message"]
+        # The KV hit rule at least (a little traffic of the old keys may still be in the window).
+        assert "does not beat" in applied["message"] and "without a plan by 0.5%" in applied["message"]
+        assert f"plan {in_effect} stays" in applied["message"]
     assert obj["status"]["planVersion"] == in_effect
     assert obj["status"]["candidateVersion"] != in_effect
     after = published_plan(kube_api, namespace, "llama")
@@ -61,3 +66,46 @@ def test_low_reuse_candidate_is_rejected_and_the_plan_in_effect_stays(env: Contr
     assert condition(obj, "Degraded")["status"] == "False"
     assert condition(obj, "Ready")["status"] == "True"
     assert events(kube_api, namespace, "GuardRejected")
+
+
+def test_a_plan_in_effect_worse_than_no_plan_is_withdrawn(env: ControlEnv) -> None:
+    from kubernetes import client
+
+    kube_api, namespace = env.api, env.namespace
+    traffic = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    env.fleet("llama").set_traffic(traffic)
+    env.operator(prometheus_url=env.prometheus_url)
+    # Four destinations: no plan keeps each key on two of them, the pile on one (and spills).
+    env.pool("llama", replicas=4)
+    custom = client.CustomObjectsApi(kube_api)
+    # Routers that do not follow prefixes: every key sticks to what its plan entry says.
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "inferencepools", "llama",
+                                          {"spec": {"router": {"followPrefixes": False}}})
+    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    # A plan piling every key on one destination, put in effect by hand.
+    pile = [{"key": k.key, "destinations": ["llama-0"]} for k in traffic.keys]
+    create_plan(kube_api, namespace, plan_manifest("llama", "llama", mode="Manual", controlPeriod="2s",
+                                                   metricsWindow=f"{WINDOW}s", pinned=pile))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "PlanApplied",
+             timeout=90, what="the pile applied")
+    piled = get_plan(kube_api, namespace, "llama")["status"]["planVersion"]
+
+    # Auto, asking every candidate for 90 points of KV hit over no plan: none can pass, and the
+    # pile, judged on the same traffic, is worse than no plan.
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "affinityplans", "llama",
+                                          {"spec": {"mode": "Auto", "pinned": None, "guard": {"minKvHitGain": 0.9}}})
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "PlanWithdrawn",
+             timeout=90, what="Applied=True PlanWithdrawn")
+    obj = get_plan(kube_api, namespace, "llama")
+    applied = condition(obj, "Applied")
+    assert applied["status"] == "True"
+    assert f"plan {piled} withdrawn, worse than no plan" in applied["message"], applied["message"]
+    assert obj["status"]["planVersion"] != piled and obj["status"]["admittedKeys"] == 0
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None and len(plan) == 0
+    assert events(kube_api, namespace, "PlanWithdrawn")
+    # The next candidate loses again, and nothing is left to withdraw: the empty plan stays.
+    withdrawn = obj["status"]["planVersion"]
+    obj = wait_for_period_after(kube_api, namespace, "llama", obj["status"]["lastPeriodTime"])
+    assert condition(obj, "Applied")["reason"] == "GuardRejected"
+    assert obj["status"]["planVersion"] == withdrawn

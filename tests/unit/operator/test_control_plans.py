@@ -13,7 +13,7 @@ from cacheroute.operator.api.pool import RouterSpec
 from cacheroute.operator.control.guard import engine_profile, restrict_plan, routing_of
 from cacheroute.operator.control.loop import PlanLoop, encode_checked
 from cacheroute.operator.control.metrics import PLAN_INFO, PlanMetrics
-from cacheroute.operator.control.plans import check_payload, manual_plan, same_routing
+from cacheroute.operator.control.plans import check_payload, manual_plan, pinned_only, same_routing
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.planner.plan import Destination, KeyExtraction, Plan, PlanError, affinity_key_hash, plan_from_routes
 from cacheroute.planner.plan_format import encode_plan
@@ -150,3 +150,16 @@ def test_the_guard_routes_as_the_pools_routers_do() -> None:
     assert default.follow_prefixes and default.tokens_per_unit == CACHEROUTE_ROUTING.tokens_per_unit
     plain = routing_of(RouterSpec.model_validate({"followPrefixes": False, "prefixMemoryBlocks": 1000}))
     assert (plain.follow_prefixes, plain.prefix_memory_blocks) == (False, 1000)
+
+
+def test_a_withdrawn_plan_keeps_its_pinned_routes_alone() -> None:
+    from dataclasses import replace
+
+    import numpy as np
+
+    computed = plan({1: ["p-0"], 2: ["p-1", "p-2"], 3: ["p-2"]})
+    with_pin = replace(computed, pinned_keys=np.array([2], dtype=np.uint64))
+    kept = pinned_only(with_pin, "withdrawn")
+    assert kept.routes() == {2: ("p-1", "p-2")}
+    assert list(kept.pinned_keys) == [2] and kept.summary.reason == "withdrawn"
+    assert kept.destinations == with_pin.destinations and len(pinned_only(computed, "none")) == 0

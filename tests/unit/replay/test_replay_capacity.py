@@ -77,6 +77,16 @@ def test_guard_passes_a_plan_that_spreads_keys_with_affinity(workload) -> None:
     assert v.passed, v.reason
     again = guard(workload, good, good, settings=GuardSettings(slo_p99_ttft_s=2.0))
     assert again.better_than_current
+    assert again.current_holds and not again.current_reason
+
+
+def test_a_plan_in_effect_worse_than_no_plan_does_not_hold(workload) -> None:
+    window = workload.time_scaled(2.0)
+    good = _plan({k: [i % 4] for i, k in enumerate(window.key_names)}, 4)
+    pile = _plan({k: [0] for k in window.key_names}, 4)
+    v = guard(window, good, pile, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=RoutingSettings())
+    assert not v.current_holds
+    assert "without a plan" in v.current_reason
 
 
 def test_a_window_built_from_key_statistics_has_their_traffic() -> None:

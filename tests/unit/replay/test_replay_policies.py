@@ -216,10 +216,10 @@ def test_cacheroute_asks_its_guard_before_routing_by_a_new_plan(make_trace) -> N
     asked: list[tuple[float, int]] = []
 
     def guard(trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int, *,
-              routing: RoutingSettings) -> bool:
+              routing: RoutingSettings, current: Plan | None) -> tuple[bool, bool]:
         asked.append((now, len(candidate)))
         assert routing is pol.routing
-        return verdict
+        return verdict, True
 
     for verdict in (False, True):
         asked.clear()
@@ -235,15 +235,26 @@ def test_cacheroute_asks_its_guard_before_routing_by_a_new_plan(make_trace) -> N
         assert (view.key[0] in pol._routes) is verdict
 
 
-def test_a_rejected_candidate_leaves_the_plan_in_effect(make_trace) -> None:
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_rejected_candidate_leaves_the_plan_in_effect_while_it_holds(make_trace, holds: bool) -> None:
     reqs = [(float(t), "a", 64, 4, [1, 2, 3, 4, 100 + t]) for t in range(0, 200, 2)]
     trace = make_trace(reqs, block_size=16)
     verdicts = iter([True, False, False])
-    pol = CacheRoute(PlannerSettings(control_period_s=60.0, window_s=60.0),
-                     guard=lambda *_a, **_k: next(verdicts))
+    in_effect: list[Plan | None] = []
+
+    def guard(*_args: object, current: Plan | None, **_kw: object) -> tuple[bool, bool]:
+        in_effect.append(current)
+        return next(verdicts), holds
+
+    pol = CacheRoute(PlannerSettings(control_period_s=60.0, window_s=60.0), guard=guard)
     view = bind(pol, trace, 4)
     for i, r in enumerate(reqs):
         pol.route(i, r[0])
     assert (pol.replans, pol.guard_rejections) == (3, 2)
-    # As the operator does: the first plan, applied, still routes after two rejected candidates.
-    assert view.key[0] in pol._routes
+    assert in_effect[0] is None and in_effect[1] is not None
+    if holds:
+        # As the operator does: the first plan, applied, still routes after two rejected candidates.
+        assert pol.withdrawals == 0 and view.key[0] in pol._routes
+    else:
+        # Worse than no plan on recent traffic: withdrawn, and nothing left to withdraw after.
+        assert pol.withdrawals == 1 and view.key[0] not in pol._routes and in_effect[2] is None
