@@ -130,8 +130,8 @@ class WindowQueries:
 
 
 def window_queries(series: PoolSeries, window_s: float) -> WindowQueries:
-    w = range_of(window_s)
-    seconds = int(w[:-1])
+    seconds = max(1, round(window_s))
+    w = range_of(seconds)
     return WindowQueries(
         key_requests=key_counter(series, KEY_REQUESTS, seconds),
         key_prompt_tokens=key_counter(series, KEY_PROMPT_TOKENS, seconds),
