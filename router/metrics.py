@@ -12,7 +12,6 @@ collector; the metrics thread only reads them.
 from __future__ import annotations
 
 import threading
-import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -77,7 +76,7 @@ class _KeyCollector(Collector):
         prompt.add_metric([OTHER_KEY], snap.other_prompt_tokens)
         prefix.add_metric([OTHER_KEY], snap.other_prefix_tokens)
         none_requests, none_prompt = self._unkeyed.read()
-        requests.add_metric([NO_KEY], none_requests, created=self._unkeyed.started)
+        requests.add_metric([NO_KEY], none_requests, created=snap.started)
         prompt.add_metric([NO_KEY], none_prompt)
         yield requests
         yield prompt
@@ -97,7 +96,6 @@ class _Unkeyed:
         self._lock = threading.Lock()
         self.requests = 0
         self.prompt_tokens = 0
-        self.started = time.time()
 
     def add(self, prompt_tokens: int) -> None:
         with self._lock:
