@@ -33,6 +33,7 @@ from cacheroute.sandbox.runtime.images import ImageDriver, ImageRegistry, defaul
 from cacheroute.sandbox.runtime.kube import ApiError, Credentials, KubeClient, list_and_watch
 from cacheroute.sandbox.runtime.pod import PodWorker, now_rfc3339
 from cacheroute.sandbox.runtime.probes import Prober
+from cacheroute.sandbox.runtime.reported import status_shows
 from cacheroute.sandbox.runtime.selectors import parse_selector
 from cacheroute.sandbox.runtime.volumes import Token, decode_token_status
 
@@ -65,8 +66,24 @@ class RuntimeOptions:
 
 @dataclass
 class _Passthrough:
-    ready_marked: bool = False
     removing: bool = False
+
+
+def _ready_status(pod: Obj) -> Obj:
+    """Every container running and ready, as kwok's default stage reports."""
+    now = now_rfc3339()
+    return {
+        "conditions": [
+            {"type": kind, "status": "True", "lastTransitionTime": now} for kind in ("ContainersReady", "Ready")
+        ],
+        "containerStatuses": [
+            {
+                "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
+                "ready": True, "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}},
+            }
+            for c in pod["spec"].get("containers") or []
+        ],
+    }
 
 
 @dataclass
@@ -99,7 +116,6 @@ class PodRuntime:
         self._passthrough: dict[str, _Passthrough] = {}
         self._finished: set[str] = set()
         self._nodes: set[str] = set()
-        self._nodes_listed = 0.0
         self._namespace_labels: dict[str, dict[str, str]] = {}
         self._in_namespace = parse_selector(self.options.namespace_selector)
         self._in_pods = parse_selector(self.options.pod_selector)
@@ -110,13 +126,15 @@ class PodRuntime:
     # -- scope ------------------------------------------------------------------------------------
 
     async def _is_sandbox_node(self, name: str) -> bool:
+        # Asked of the API server for every node not yet known: a node added a moment ago must
+        # not be missed for lack of a fresh listing (its pods would never be served).
         if name in self._nodes:
             return True
-        if time.monotonic() - self._nodes_listed > 2.0:
-            listing = await self.client.get("/api/v1/nodes", {"labelSelector": f"{self.options.node_label}=true"})
-            self._nodes = {n["metadata"]["name"] for n in listing.get("items") or []}
-            self._nodes_listed = time.monotonic()
-        return name in self._nodes
+        node = await self.client.get_or_none(f"/api/v1/nodes/{name}")
+        if node is None or (node["metadata"].get("labels") or {}).get(self.options.node_label) != "true":
+            return False
+        self._nodes.add(name)
+        return True
 
     async def _labels_of_namespace(self, namespace: str) -> dict[str, str]:
         labels = self._namespace_labels.get(namespace)
@@ -186,24 +204,16 @@ class PodRuntime:
             state.removing = True
             await self.remove_pod(pod)
             return
-        if state.ready_marked or not pod.get("status", {}).get("podIP"):
+        observed = pod.get("status") or {}
+        if not observed.get("podIP"):
             return
-        now = now_rfc3339()
-        status = {
-            "conditions": [
-                {"type": kind, "status": "True", "lastTransitionTime": now} for kind in ("ContainersReady", "Ready")
-            ],
-            "containerStatuses": [
-                {
-                    "name": c["name"], "image": c.get("image", ""), "imageID": c.get("image", ""),
-                    "ready": True, "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}},
-                }
-                for c in pod["spec"].get("containers") or []
-            ],
-        }
+        status = _ready_status(pod)
+        # Checked against the pod as observed, not against a flag: a stale kwok stage can write
+        # "not ready" over the report once more.
+        if status_shows(observed, status):
+            return
         with contextlib.suppress(ApiError):
             await self.patch_status(pod, status)
-            state.ready_marked = True
 
     # -- services for the workers ---------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from cacheroute.sandbox.runtime.images import ImageDriver
 from cacheroute.sandbox.runtime.kube import ApiError
 from cacheroute.sandbox.runtime.logs import LogFile
 from cacheroute.sandbox.runtime.probes import ProbeSpec, ProbeState
+from cacheroute.sandbox.runtime.reported import status_shows
 from cacheroute.sandbox.runtime.volumes import PodVolumes
 
 if TYPE_CHECKING:
@@ -557,7 +558,9 @@ class PodWorker:
         if self.gone:
             return
         status = self.status()
-        if status == self._patched:
+        # What was patched may have been written over since (a stale kwok stage): the pod as
+        # observed decides, not the memory of the last patch.
+        if status == self._patched and status_shows(self.pod.get("status") or {}, status):
             return
         try:
             await self.runtime.patch_status(self.pod, status)

@@ -142,6 +142,12 @@ def whole_free_nodes(kube_api: Any) -> tuple[int, int]:
     return free, index
 
 
+def pod_readiness(pod: Any) -> str:
+    ready = next((c for c in pod.status.conditions or [] if c.type == "Ready"), None)
+    states = [next((k for k, v in s.state.to_dict().items() if v), None) for s in pod.status.container_statuses or []]
+    return f"Ready {ready.status if ready else None}, containers {states}"
+
+
 def scheduling_report(kube_api: Any, namespace: str) -> str:
     """Where the GPUs went and why the namespace's pending pods wait: nodes with their GPU
     allocatable, taints and pods, then each pending pod's scheduler Events."""
@@ -150,7 +156,7 @@ def scheduling_report(kube_api: Any, namespace: str) -> str:
     lines = []
     for node in core.list_node(label_selector=f"{nodes.SANDBOX_NODE_LABEL}=true").items:
         name = node.metadata.name
-        on = [f"{p.metadata.namespace}/{p.metadata.name}({p.status.phase}"
+        on = [f"{p.metadata.namespace}/{p.metadata.name}({p.status.phase}, {pod_readiness(p)}"
               f"{', deleting' if p.metadata.deletion_timestamp else ''})" for p in pods if p.spec.node_name == name]
         gpus = (node.status.allocatable or {}).get(nodes.GPU_RESOURCE)
         taints = [f"{t.key}:{t.effect}" for t in node.spec.taints or []]

@@ -303,3 +303,53 @@ def test_restarts_follow_the_restart_policy_and_deletion_honours_the_grace_perio
     # The stubborn container ignores SIGTERM: it goes only with SIGKILL at the end of the grace period.
     assert time.monotonic() - started >= 2.5
     assert processes_of(uid) == []
+
+
+def write_over_as_a_stale_kwok_stage(core: Any, pod: Any) -> None:
+    """What kwok's stage for the runtime's pods writes, played once more from a stale copy of the pod.
+
+    kwok queues a pod from its pod watch and again from the sync of a node it has just begun to
+    manage; the second play, from the copy without an address, undoes the runtime's report.
+    """
+    not_ready = {"status": "False", "reason": "ContainersNotReady"}
+    status = {
+        "conditions": [{"type": "Ready", **not_ready}, {"type": "ContainersReady", **not_ready}],
+        "containerStatuses": [
+            {"name": c.name, "image": c.image, "ready": False, "started": False, "restartCount": 0,
+             "state": {"waiting": {"reason": "ContainerCreating"}}}
+            for c in pod.spec.containers
+        ],
+    }
+    written = core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
+    assert not ready(written)
+
+
+def test_a_pod_the_runtime_only_marks_ready_is_ready_again_after_a_stale_stage(kube_api: Any, namespace: str) -> None:
+    core = client.CoreV1Api(kube_api)
+    client.AppsV1Api(kube_api).create_namespaced_deployment(
+        namespace, deployment("outside", [{"name": "vllm", "image": VLLM_IMAGE}]))
+    pod = the_ready_pod(core, namespace, "outside")
+    write_over_as_a_stale_kwok_stage(core, pod)
+    wait_for(lambda: ready(core.read_namespaced_pod(pod.metadata.name, namespace)), timeout=15, what="Ready again")
+
+
+def test_a_pod_the_runtime_runs_is_reported_again_after_a_stale_stage(kube_api: Any, runtime_namespace: str) -> None:
+    ns = runtime_namespace
+    core = client.CoreV1Api(kube_api)
+    client.AppsV1Api(kube_api).create_namespaced_deployment(ns, deployment("engine", [{
+        "name": "vllm", "image": VLLM_IMAGE,
+        "env": [*POD_ENV, {"name": "CACHEROUTE_EMULATOR_LOAD_SECONDS", "value": "1"}],
+        "args": ["meta-llama/Llama-3.3-70B-Instruct", "--host", "$(POD_IP)", "--port", "8000",
+                 "--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "8G", "--max-model-len", "8192"],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+        "resources": {"limits": {nodes.GPU_RESOURCE: "2"}},
+    }]))
+    pod = the_ready_pod(core, ns, "engine")
+    write_over_as_a_stale_kwok_stage(core, pod)
+
+    def running_and_ready() -> bool:
+        now = core.read_namespaced_pod(pod.metadata.name, ns)
+        return ready(now) and now.status.container_statuses[0].state.running is not None
+
+    wait_for(running_and_ready, timeout=15, what="the container reported running and ready again")
