@@ -1,6 +1,6 @@
 """Reading one control period's window from Prometheus.
 
-`prometheus-api-client` is synchronous (requests), so every query runs in a worker thread, all
+Every query runs in a worker thread (a synchronous HTTP client, the answer decoded there too), all
 of a period's queries at once, each bounded by the AffinityPlan's `spec.prometheus.timeout` (on
 the HTTP request and as Prometheus' own query timeout). Queries are evaluated at one whole-second
 instant, so a period's figures are reproducible: the same queries at `evaluated_at` give the same
@@ -15,12 +15,35 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 import numpy.typing as npt
 
-from cacheroute.operator.control.promql import NO_KEY, OTHER_KEY, PoolSeries, WindowQueries, window_queries
+from cacheroute.operator.control.promjson import AnswerError, values_by_label, vector_values
+from cacheroute.operator.control.promql import (
+    KEY_PREFIX_TOKENS,
+    KEY_PROMPT_TOKENS,
+    KEY_REQUESTS,
+    NO_KEY,
+    OTHER_KEY,
+    PLAIN_KEY,
+    PoolSeries,
+    WindowQueries,
+    key_counter,
+    window_queries,
+    window_seconds,
+)
 
 F64 = npt.NDArray[np.float64]
+KEY_COUNTERS = {
+    "key_requests": KEY_REQUESTS,
+    "key_prompt_tokens": KEY_PROMPT_TOKENS,
+    "key_prefix_tokens": KEY_PREFIX_TOKENS,
+}
+# Keys with a series born in the window listed by name in the query that counts them again; past
+# this (a router restarted in the window: every key of it) every key is counted that way.
+MAX_LISTED_KEYS = 1000
+ENGINE_QUERIES = ("prefix_cache_hits", "prefix_cache_queries", "generation_tokens", "waiting", "running", "kv_usage")
 
 REASON_UNREACHABLE = "PrometheusUnreachable"
 REASON_TIMEOUT = "PrometheusTimeout"
@@ -111,19 +134,6 @@ class WindowMetrics:
         return min(max(sum(h for h, _ in pairs) / queries, 0.0), 1.0)
 
 
-def _values(result: Sequence[Mapping[str, Any]], label: str) -> dict[str, float]:
-    """`label` value -> sample value of an instant vector; non-finite samples are dropped."""
-    out: dict[str, float] = {}
-    for item in result:
-        name = item.get("metric", {}).get(label)
-        if name is None:
-            continue
-        value = float(item["value"][1])
-        if math.isfinite(value):
-            out[name] = value
-    return out
-
-
 def _key_counts(requests: dict[str, float], prompt: dict[str, float], prefix: dict[str, float]) -> KeyCounts:
     labels = tuple(k for k, v in requests.items() if k not in (OTHER_KEY, NO_KEY) and v > 0)
     return KeyCounts(
@@ -140,19 +150,14 @@ def _aggregate(name: str, requests: dict[str, float], prompt: dict[str, float], 
     )
 
 
-def window_from_results(
-    results: Mapping[str, Sequence[Mapping[str, Any]]], *, evaluated_at: int, window_s: float
+def window_from_values(
+    values: Mapping[str, Mapping[str, float]], *, evaluated_at: int, window_s: float
 ) -> WindowMetrics:
-    """Assemble a window from the raw results of `WindowQueries` (by field name)."""
-    requests = _values(results["key_requests"], "key")
-    prompt = _values(results["key_prompt_tokens"], "key")
-    prefix = _values(results["key_prefix_tokens"], "key")
-    per_pod = {
-        name: _values(results[name], "pod")
-        for name in ("prefix_cache_hits", "prefix_cache_queries", "generation_tokens", "waiting", "running", "kv_usage")
-    }
+    """Assemble a window from each `WindowQueries` field's answer, as label value -> sample value."""
+    requests, prompt, prefix = (dict(values[n]) for n in ("key_requests", "key_prompt_tokens", "key_prefix_tokens"))
+    per_pod = {name: values[name] for name in ENGINE_QUERIES}
     pods = sorted(set().union(*per_pod.values()))
-    engines = {pod: EngineWindow(**{name: values.get(pod) for name, values in per_pod.items()}) for pod in pods}
+    engines = {pod: EngineWindow(**{name: per_pod[name].get(pod) for name in ENGINE_QUERIES}) for pod in pods}
     return WindowMetrics(
         evaluated_at=evaluated_at,
         window_s=window_s,
@@ -163,58 +168,101 @@ def window_from_results(
     )
 
 
+def window_from_results(
+    results: Mapping[str, Sequence[Mapping[str, Any]]], *, evaluated_at: int, window_s: float
+) -> WindowMetrics:
+    """Assemble a window from the decoded results of `WindowQueries` (by field name)."""
+    values = {name: values_by_label(result, _label(name)) for name, result in results.items()}
+    return window_from_values(values, evaluated_at=evaluated_at, window_s=window_s)
+
+
+def _label(query: str) -> str:
+    """The label a `WindowQueries` field's answer is keyed by."""
+    return "key" if query.startswith("key_") else "pod"
+
+
 class PrometheusReader:
-    """Queries one Prometheus (a requests session per reader, shared by its worker threads)."""
+    """Queries one Prometheus (an HTTP client per reader, shared by its worker threads)."""
 
     def __init__(self, url: str, *, timeout_s: float) -> None:
-        from prometheus_api_client import PrometheusConnect
-        from urllib3.util.retry import Retry
-
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         # No retries inside a period: a failed period is retried by the next one.
-        self._client = PrometheusConnect(url=self.url, retry=Retry(total=0), timeout=timeout_s, method="POST")
+        self._client = httpx.Client(timeout=timeout_s)
 
     def close(self) -> None:
         self._client.close()
 
-    def _query(self, promql: str, at: int) -> list[dict[str, Any]]:
-        from prometheus_api_client.exceptions import PrometheusApiClientException
-        from requests import exceptions as http
-
-        params = {"time": str(at), "timeout": f"{self.timeout_s:g}s"}
+    def _answer(self, promql: str, at: int) -> bytes:
+        form = {"query": promql, "time": str(at), "timeout": f"{self.timeout_s:g}s"}
         try:
-            result: list[dict[str, Any]] = self._client.custom_query(promql, params=params, timeout=self.timeout_s)
-        except (http.ConnectTimeout, http.ConnectionError) as exc:
+            response = self._client.post(f"{self.url}/api/v1/query", data=form)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             message = f"Prometheus at {self.url} is unreachable: {_short(exc)}"
             raise MetricsReadError(REASON_UNREACHABLE, message) from exc
-        except http.Timeout as exc:
+        except httpx.TimeoutException as exc:
             raise MetricsReadError(
                 REASON_TIMEOUT, f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s"
             ) from exc
-        except PrometheusApiClientException as exc:
-            raise MetricsReadError(REASON_ERROR, f"Prometheus at {self.url} refused a query: {_short(exc)}") from exc
-        except (http.RequestException, ValueError, KeyError) as exc:
+        except httpx.HTTPError as exc:
             raise MetricsReadError(REASON_ERROR, f"Prometheus at {self.url} answered badly: {_short(exc)}") from exc
-        return result
+        if response.status_code != 200:
+            message = f"HTTP {response.status_code}: {_clipped(response.text)}"
+            raise MetricsReadError(REASON_ERROR, f"Prometheus at {self.url} refused a query: {message}")
+        return response.content
+
+    def _query(self, promql: str, at: int, label: str) -> dict[str, float]:
+        body = self._answer(promql, at)
+        try:
+            return vector_values(body, label)
+        except AnswerError as exc:
+            raise MetricsReadError(REASON_ERROR, f"Prometheus at {self.url} answered badly: {_short(exc)}") from exc
 
     async def read_window(self, series: PoolSeries, window_s: float, *, at: int, keys: bool = True) -> WindowMetrics:
         """All queries of one period, concurrently, evaluated at unix second `at` (without the
-        per-key ones when `keys` is false)."""
-        queries = window_queries(series, window_s)
-        names = [n for n in WindowQueries.__dataclass_fields__ if keys or not n.startswith("key_")]
-        calls = [asyncio.to_thread(self._query, getattr(queries, name), at) for name in names]
+        per-key ones when `keys` is false); then the keys with a series created in the window."""
         try:
-            answers = await asyncio.wait_for(asyncio.gather(*calls), timeout=self.timeout_s + 1.0)
+            values = await asyncio.wait_for(self._read(series, window_s, at, keys), timeout=self.timeout_s + 1.0)
         except TimeoutError as exc:
             raise MetricsReadError(
                 REASON_TIMEOUT, f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s"
             ) from exc
-        results: dict[str, list[dict[str, Any]]] = {name: [] for name in WindowQueries.__dataclass_fields__}
-        results.update(zip(names, answers, strict=True))
-        return window_from_results(results, evaluated_at=at, window_s=window_s)
+        return window_from_values(values, evaluated_at=at, window_s=window_s)
+
+    async def _read(self, series: PoolSeries, window_s: float, at: int, keys: bool) -> dict[str, dict[str, float]]:
+        queries = window_queries(series, window_s)
+        names = [n for n in WindowQueries.__dataclass_fields__ if keys or not n.startswith("key_")]
+        calls = [asyncio.to_thread(self._query, getattr(queries, name), at, _label(name)) for name in names]
+        values: dict[str, dict[str, float]] = {name: {} for name in WindowQueries.__dataclass_fields__}
+        values.update(zip(names, await asyncio.gather(*calls), strict=True))
+        born = [key for key, count in values["key_born"].items() if count > 0]
+        if born:
+            await self._count_born(series, window_seconds(window_s), at, born, values)
+        return values
+
+    async def _count_born(
+        self, series: PoolSeries, seconds: int, at: int, born: list[str], values: dict[str, dict[str, float]]
+    ) -> None:
+        """Count again, with `key_counter`, the keys with a series created in the window: the keys
+        listed in the query when they are few, every key otherwise (as after a router restart)."""
+        listed = born if len(born) <= MAX_LISTED_KEYS and all(PLAIN_KEY.fullmatch(k) for k in born) else None
+        calls = [
+            asyncio.to_thread(self._query, key_counter(series, metric, seconds, listed), at, "key")
+            for metric in KEY_COUNTERS.values()
+        ]
+        for name, counted in zip(KEY_COUNTERS, await asyncio.gather(*calls), strict=True):
+            if listed is None:
+                values[name] = counted
+                continue
+            increases = values[name]
+            for key in listed:
+                increases.pop(key, None)
+            increases.update(counted)
+
+
+def _clipped(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return _clipped(str(exc) or type(exc).__name__, limit)

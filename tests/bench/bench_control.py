@@ -40,6 +40,7 @@ from cacheroute.operator.control.guard import run_guard
 from cacheroute.operator.control.kube import ControlApi
 from cacheroute.operator.control.loop import PlanLoop
 from cacheroute.operator.control.period import PeriodResult
+from cacheroute.operator.control.promql import PoolSeries, window_queries
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Destination
@@ -149,11 +150,11 @@ def delete_plan_configmaps(api: Any, namespace: str, pool: str) -> None:
 
 
 def prometheus_eval_s(prom: DedicatedPrometheus, namespace: str, pool: str) -> float:
-    """Prometheus' own evaluation time of the three per-key queries (run one after the other)."""
+    """Prometheus' own evaluation time of the operator's per-key queries (one after the other):
+    the increases and the keys born in the window (none here: every series began before it)."""
+    queries = window_queries(PoolSeries(namespace, pool), WINDOW_S)
     total = 0.0
-    for metric in ("requests", "prompt_tokens", "prefix_tokens"):
-        q = (f'sum by (key) (increase(cacheroute_router_key_{metric}_total{{namespace="{namespace}",'
-             f'pod=~"{pool}-router-[a-z0-9]+-[a-z0-9]+"}}[{WINDOW_S}s]))')
+    for q in (queries.key_requests, queries.key_prompt_tokens, queries.key_prefix_tokens, queries.key_born):
         body = httpx.post(f"{prom.url}/api/v1/query", data={"query": q, "time": str(int(time.time())),
                                                             "stats": "all"}, timeout=120).json()
         total += float(body["data"]["stats"]["timings"]["execTotalTime"])

@@ -45,14 +45,21 @@ def _times(start: int, end: int, step: int) -> list[int]:
     return list(range(start, end + 1, step))
 
 
-def _family(name: str, kind: str, rows: Iterator[tuple[str, float]], times: list[int], start: int) -> Iterator[str]:
-    """`rows`: (label text, rate per second) of each series of the family."""
+def _family(
+    name: str, kind: str, rows: Iterator[tuple[str, float]], times: list[int], start: int, *, created: bool = False
+) -> Iterator[str]:
+    """`rows`: (label text, rate per second) of each series of the family. With `created`, each
+    counter sample comes with its `_created` sample (the series began at `start`), as a router
+    exports its per-key request counters."""
     yield f"# TYPE {name} {kind}\n"
     sample = f"{name}_total" if kind == "counter" else name
     offsets = [t - start for t in times]
     for labels, rate in rows:
         head = f"{sample}{{{labels}}} "
-        if kind == "counter":
+        if kind == "counter" and created:
+            born = f"{name}_created{{{labels}}} {start} "
+            yield "".join(f"{head}{rate * dt:.9g} {t}\n{born}{t}\n" for dt, t in zip(offsets, times, strict=True))
+        elif kind == "counter":
             yield "".join(f"{head}{rate * dt:.9g} {t}\n" for dt, t in zip(offsets, times, strict=True))
         else:
             yield "".join(f"{head}{rate:.9g} {t}\n" for t in times)
@@ -103,7 +110,8 @@ def openmetrics_lines(specs: Sequence[PoolSeriesSpec], *, start: int, end: int, 
     times = _times(start, end, step)
     for metric in ROUTER_FAMILIES:
         rows = (row for spec in specs for row in _router_rows(spec, metric))
-        yield from _family(f"cacheroute_router_key_{metric}", "counter", rows, times, start)
+        name = f"cacheroute_router_key_{metric}"
+        yield from _family(name, "counter", rows, times, start, created=metric == "requests")
     for name, kind in ENGINE_FAMILIES:
         yield from _family(name, kind, (row for spec in specs for row in _engine_rows(spec, name)), times, start)
 

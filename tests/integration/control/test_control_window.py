@@ -3,12 +3,16 @@ counters under current and legacy names, a Prometheus that is not there."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import httpx
 import pytest
 
+from cacheroute.operator.control import prometheus
 from cacheroute.operator.control.prometheus import MetricsReadError, PrometheusReader
-from cacheroute.operator.control.promql import PoolSeries
+from cacheroute.operator.control.promjson import pattern_values
+from cacheroute.operator.control.promql import PoolSeries, window_queries
 from cacheroute.sandbox.process import free_port
 from tests.support.control import (
     ControlEnv,
@@ -51,13 +55,25 @@ async def test_window_sums_router_replicas_and_reads_both_vllm_names(env: Contro
     assert window.generation_tokens and window.generation_tokens / window.total_requests == pytest.approx(
         traffic.output_tokens, rel=0.25
     )
+    # Prometheus' own answers are read in one pass of the pattern, not decoded item by item.
+    queries = window_queries(PoolSeries(env.namespace, "llama"), WINDOW)
+    async with httpx.AsyncClient(timeout=10) as http:
+        for query, label in ((queries.key_requests, "key"), (queries.kv_usage, "pod")):
+            raw = (await http.post(f"{env.prometheus_url}/api/v1/query", data={"query": query})).content
+            assert pattern_values(raw, label), raw[:300]
 
 
-async def test_a_new_keys_burst_between_two_scrapes_is_counted(env: ControlEnv) -> None:
+@pytest.mark.parametrize("listed", [True, False], ids=["born-keys-listed", "every-key-recounted"])
+async def test_a_new_keys_burst_between_two_scrapes_is_counted(
+    env: ControlEnv, listed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A key's first requests all land before Prometheus first scrapes its series: the window
     still counts them (a router creates a key's series at its first request). A series that
     Prometheus sees for the first time but the router began an hour ago (as after an outage of
-    Prometheus) is not counted whole."""
+    Prometheus) is not counted whole. Both ways of counting the keys born in the window again
+    (by name, or every key when there are too many to list) give the same counts."""
+    if not listed:
+        monkeypatch.setattr(prometheus, "MAX_LISTED_KEYS", 0)
     traffic = zipf_traffic(3, 10.0, prompt=100, prefix_share=0.5, exponent=1.0)
     fleet = env.fleet("llama", routers=1, engines=1)
     fleet.set_traffic(traffic)
@@ -81,6 +97,17 @@ async def test_a_new_keys_burst_between_two_scrapes_is_counted(env: ControlEnv) 
     # The keys that were there before the window still count their increase, not their total.
     for k in traffic.keys:
         assert counts[key_label(k.key)] / WINDOW == pytest.approx(k.rate, rel=0.25)
+
+
+async def test_a_query_prometheus_refuses_is_reported_with_its_error(env: ControlEnv) -> None:
+    reader = PrometheusReader(env.prometheus_url, timeout_s=5)
+    try:
+        with pytest.raises(MetricsReadError) as caught:
+            await asyncio.to_thread(reader._query, "sum by (key) (", int(time.time()), "key")
+    finally:
+        reader.close()
+    assert caught.value.reason == "PrometheusError"
+    assert "refused a query: HTTP 400" in caught.value.message and "parse error" in caught.value.message
 
 
 async def test_an_absent_prometheus_is_reported_as_unreachable() -> None:

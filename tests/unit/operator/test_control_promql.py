@@ -6,21 +6,36 @@ import re
 
 import pytest
 
-from cacheroute.operator.control.promql import PoolSeries, range_of, window_queries
+from cacheroute.operator.control.promql import KEY_REQUESTS, PoolSeries, key_counter, range_of, window_queries
 
 
 def test_router_series_are_summed_per_key_over_the_pools_router_pods() -> None:
     q = window_queries(PoolSeries("llm", "llama"), 1800.0)
     pods = 'namespace="llm",pod=~"llama-router-[a-z0-9]+-[a-z0-9]+"'
-    selected = "cacheroute_router_key_requests_total{" + pods + "}"
-    born = "(cacheroute_router_key_requests_created{" + pods + "} > time() - 1800)"
-    # Series created before the window count their increase; series created in it, their value.
-    assert q.key_requests == (
-        f"sum by (key) ((increase({selected}[1800s]) unless {born})"
-        f" or (last_over_time({selected}[1800s]) and {born}))"
-    )
+    assert q.key_requests == "sum by (key) (increase(cacheroute_router_key_requests_total{" + pods + "}[1800s]))"
     assert "cacheroute_router_key_prompt_tokens_total" in q.key_prompt_tokens
     assert "cacheroute_router_key_prefix_tokens_total" in q.key_prefix_tokens
+    # Which keys have a series created in the window: those are counted again by key_counter.
+    assert q.key_born == "count by (key) (cacheroute_router_key_requests_created{" + pods + "} > time() - 1800)"
+
+
+def test_keys_born_in_the_window_count_their_value_and_the_others_their_increase() -> None:
+    series = PoolSeries("llm", "llama")
+    pods = 'namespace="llm",pod=~"llama-router-[a-z0-9]+-[a-z0-9]+"'
+    listed = pods + ',key=~"00aa11bb22cc33dd|__other__"'
+    for router, keys in ((pods, None), (listed, ["__other__", "00aa11bb22cc33dd"])):
+        selected = "cacheroute_router_key_requests_total{" + router + "}"
+        born = "(cacheroute_router_key_requests_created{" + router + "} > time() - 1800)"
+        assert key_counter(series, KEY_REQUESTS, 1800, keys) == (
+            f"sum by (key) ((increase({selected}[1800s]) unless {born})"
+            f" or (last_over_time({selected}[1800s]) and {born}))"
+        )
+
+
+@pytest.mark.parametrize("keys", [[], ["tenant a"], ['x"|.*'], ["k" * 65]])
+def test_only_plain_key_labels_are_listed_in_a_query(keys: list[str]) -> None:
+    with pytest.raises(ValueError, match="plain key labels"):
+        key_counter(PoolSeries("llm", "llama"), KEY_REQUESTS, 60, keys)
 
 
 def test_vllm_series_take_the_current_name_then_the_legacy_ones_per_pod() -> None:
