@@ -5,8 +5,9 @@
    period is due), RUNS times, each from an empty ConfigMap so every run plans, judges and
    publishes. Reported per step: read (pool, plan in effect), Prometheus query, planner (with
    encoding), guard (shadow replay: candidate, plan in effect, no plan), publish. Baseline measured in
-   the same run: Prometheus' own evaluation time for the same three per-key queries
-   (`stats=all`). Also a steady period: same statistics with the plan already in effect.
+   the same run: Prometheus' own evaluation time for the operator's per-key queries (`stats=all`).
+   Every series began before the window (its `_created` series says so), so no key is counted
+   again. Also a steady period: same statistics with the plan already in effect.
 2. The operator process's CPU per control period with 20 AffinityPlans (20 pools of 2,048 keys,
    8 destinations each, reconciled by the same operator, pods played by kwok): the first period
    (plan, guard, publish), steady Auto periods (the plan in effect still fits), and Shadow periods
