@@ -66,6 +66,19 @@ def deployment(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict
     }
 
 
+def emulated_vllm() -> dict[str, Any]:
+    """A vLLM container (the sandbox emulates it) of two GPUs, ready when /health answers."""
+    return {
+        "name": "vllm", "image": VLLM_IMAGE,
+        "env": [*POD_ENV, {"name": "CACHEROUTE_EMULATOR_LOAD_SECONDS", "value": "1"}],
+        "args": ["meta-llama/Llama-3.3-70B-Instruct", "--host", "$(POD_IP)", "--port", "8000",
+                 "--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "8G", "--max-model-len", "8192"],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+        "resources": {"limits": {nodes.GPU_RESOURCE: "2"}},
+    }
+
+
 def pods_of(core: Any, namespace: str, app: str) -> list[Any]:
     return [p for p in core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
             if p.metadata.deletion_timestamp is None]
@@ -205,16 +218,7 @@ def test_vllm_pods_of_a_statefulset_are_emulated_scraped_and_counted_ready(
     ns = runtime_namespace
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     labels = {"app": "pool"}
-    container = {
-        "name": "vllm", "image": VLLM_IMAGE,
-        "env": [*POD_ENV, {"name": "CACHEROUTE_EMULATOR_LOAD_SECONDS", "value": "1"}],
-        "args": ["meta-llama/Llama-3.3-70B-Instruct", "--host", "$(POD_IP)", "--port", "8000",
-                 "--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "8G", "--max-model-len", "8192"],
-        "ports": [{"name": "http", "containerPort": 8000}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
-        "resources": {"limits": {nodes.GPU_RESOURCE: "2"}},
-    }
-    template = pod_template(labels, [container])
+    template = pod_template(labels, [emulated_vllm()])
     template["metadata"]["annotations"] = {
         "prometheus.io/scrape": "true", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics"}
     core.create_namespaced_service(ns, {"metadata": {"name": "pool"}, "spec": {
@@ -336,15 +340,7 @@ def test_a_pod_the_runtime_only_marks_ready_is_ready_again_after_a_stale_stage(k
 def test_a_pod_the_runtime_runs_is_reported_again_after_a_stale_stage(kube_api: Any, runtime_namespace: str) -> None:
     ns = runtime_namespace
     core = client.CoreV1Api(kube_api)
-    client.AppsV1Api(kube_api).create_namespaced_deployment(ns, deployment("engine", [{
-        "name": "vllm", "image": VLLM_IMAGE,
-        "env": [*POD_ENV, {"name": "CACHEROUTE_EMULATOR_LOAD_SECONDS", "value": "1"}],
-        "args": ["meta-llama/Llama-3.3-70B-Instruct", "--host", "$(POD_IP)", "--port", "8000",
-                 "--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "8G", "--max-model-len", "8192"],
-        "ports": [{"name": "http", "containerPort": 8000}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
-        "resources": {"limits": {nodes.GPU_RESOURCE: "2"}},
-    }]))
+    client.AppsV1Api(kube_api).create_namespaced_deployment(ns, deployment("engine", [emulated_vllm()]))
     pod = the_ready_pod(core, ns, "engine")
     write_over_as_a_stale_kwok_stage(core, pod)
 
