@@ -1,12 +1,11 @@
-"""The destinations an unplanned key may use: key-seeded power-of-two (or -four) choices.
+"""The two destinations an unplanned key may use: key-seeded power-of-two choices.
 
 A key outside the plan still has follow-up requests (the next turns of a conversation) that
 reuse its prompt's prefix. Drawing p2c's two candidates at random scatters them over the whole
-fleet; drawing them from the key's hash keeps them on two destinations (four where the router
-follows prefixes, `FOLLOWING_KEY_CANDIDATES`) while the long tail of small keys still spreads
-like p2c. The candidates come from a consistent-hash ring so that adding
+fleet; drawing them from the key's hash keeps them on two destinations while the long tail of
+small keys still spreads like p2c. The candidates come from a consistent-hash ring so that adding
 or removing a destination moves only the keys that had it as a candidate, and so that every router
-replica (and the shadow replay) derives the same candidates from the same key and the same members.
+replica (and the shadow replay) derives the same pair from the same key and the same members.
 """
 
 from __future__ import annotations
@@ -16,13 +15,6 @@ import hashlib
 from collections.abc import Sequence
 
 DEFAULT_POINTS_PER_MEMBER = 64
-# Ring candidates of an unplanned key: two (key-seeded p2c), or four where the router follows
-# prefixes. Following keeps a conversation on the destination that holds its history, whichever
-# of the candidates took its first turn, so more choices cost a key little affinity and buy
-# balance: on the public traces, 8 destinations, 4 candidates served 1.10x, 1.06x and 1.03x the
-# capacity of 2, and all 8 as candidates 1.10x, 1.11x and 1.00x (docs/capacity.md).
-KEY_CANDIDATES = 2
-FOLLOWING_KEY_CANDIDATES = 4
 # How a router sends keys the plan does not hold: key-seeded p2c, or p2c on two random candidates.
 UNPLANNED_MODES = ("key-p2c", "p2c")
 DEFAULT_UNPLANNED = "key-p2c"
@@ -51,7 +43,7 @@ def _mix(h: int) -> int:
 class KeyRing:
     """Members (destination ids or addresses) on a hash ring, `points` points each."""
 
-    __slots__ = ("_owners", "_positions", "_walks", "members")
+    __slots__ = ("_owners", "_positions", "members")
 
     def __init__(self, members: Sequence[str], points: int = DEFAULT_POINTS_PER_MEMBER) -> None:
         if points < 1:
@@ -62,47 +54,9 @@ class KeyRing:
         ring = sorted((_point(m, k), i) for i, m in enumerate(self.members) for k in range(points))
         self._positions = [p for p, _ in ring]
         self._owners = [i for _, i in ring]
-        self._walks: dict[int, list[tuple[int, ...]]] = {}
 
     def __len__(self) -> int:
         return len(self.members)
-
-    def position(self, key_hash: int) -> int:
-        """The key's point on the ring: an index into `walks(count)`."""
-        n = len(self._owners)
-        if not n:
-            raise ValueError("the ring has no members")
-        return bisect.bisect_left(self._positions, _mix(key_hash & _MASK)) % n
-
-    def walks(self, count: int) -> list[tuple[int, ...]]:
-        """For every point of the ring, the first `count` distinct members (indices into `members`)
-        met walking on from it (all of them when the ring has fewer); computed once per count, so
-        that a key's candidates cost one lookup."""
-        if count < 1:
-            raise ValueError(f"a key needs at least one candidate, got {count}")
-        found = self._walks.get(count)
-        if found is None:
-            owners = self._owners
-            n = len(owners)
-            want = min(count, len(self.members))
-            found = []
-            for start in range(n):
-                walk = [owners[start]]
-                step = 1
-                while len(walk) < want:
-                    other = owners[(start + step) % n]
-                    if other not in walk:
-                        walk.append(other)
-                    step += 1
-                found.append(tuple(walk))
-            self._walks[count] = found
-        return found
-
-    def candidates(self, key_hash: int, count: int) -> tuple[int, ...]:
-        """Indices (into `members`) of the key's first `count` distinct candidates, walking the ring
-        from the key's point (fewer when the ring has fewer members); the first two are `pair`'s."""
-        walks = self.walks(count)
-        return walks[self.position(key_hash)]
 
     def pair(self, key_hash: int) -> tuple[int, int]:
         """Indices (into `members`) of the key's first and second candidate; equal when the ring

@@ -7,17 +7,16 @@ decide through `RoutingRule.choose`, so what the replay measures is what the rou
    the first at or after `key_hash % len(candidates)`, so every router replica with the same view
    of load picks the same one. A key's candidates are its plan entry, whose length the planner
    decides from the key's load (`load.replicas_needed`). With `widen_planned` (router
-   `--widen-planned`) and key-seeded p2c, a computed route's candidates are instead its ring
+   `--widen-planned`) and key-seeded p2c, a computed route's candidates are instead its two ring
    candidates followed by as many of its planned destinations as its entry is long, so no key
    is held to one destination; pinned routes keep their entry. It is off by default: when the KV
    cache binds, a second candidate per key caches its prefix twice (docs/capacity.md).
 2. **Bounded affinity**: when that destination's load exceeds
    `spill_threshold x mean load + spill_slack`, the request spills to p2c among the other usable
    destinations (unless it is the only one). A planned key with no usable candidate spills too.
-3. **Unplanned key, key-seeded p2c** (`unplanned="key-p2c"`): the least loaded of the key's
-   candidates on the consistent-hash ring (`keyring.KeyRing`), the first on a tie: two, or four
-   where the caller follows prefixes (`keyring.FOLLOWING_KEY_CANDIDATES`); an unusable candidate
-   is skipped, and with none usable the request goes to plain p2c.
+3. **Unplanned key, key-seeded p2c** (`unplanned="key-p2c"`): the less loaded of the key's two
+   candidates on the consistent-hash ring (`keyring.KeyRing`), the first on a tie; an unusable
+   candidate is skipped, and with neither usable the request goes to plain p2c.
 4. **Plain p2c** (unplanned keys with `unplanned="p2c"`, keyless requests): the less loaded of two
    distinct destinations drawn uniformly, the first drawn on a tie.
 5. **Following a prefix**: when the caller knows where the longest earlier prompt sharing most
@@ -41,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from cacheroute.planner.keyring import KEY_CANDIDATES, KeyRing
+from cacheroute.planner.keyring import KeyRing
 
 # Bounded affinity: a planned destination takes a request while its load is at most
 # threshold x mean load + slack (in units of the load measure: requests in flight).
@@ -89,53 +88,39 @@ def check_follow(ratio: float, slack: float) -> None:
         raise ValueError(f"follow slack must not be negative, got {slack}")
 
 
-def ring_candidates(
-    ring: KeyRing, members: Sequence[D], *, count: int = KEY_CANDIDATES, memo: bool = False
-) -> Callable[[int], tuple[D, ...]]:
-    """The key-seeded candidates of a key hash: `members[i]` for the ring's first `count` (i, ...).
+def ring_candidates(ring: KeyRing, members: Sequence[D], *, memo: bool = False) -> Callable[[int], tuple[D, D]]:
+    """The key-seeded p2c candidates of a key hash: `members[i]` for the ring's pair (i, j).
 
-    `memo` remembers each key's candidates: right for the replay, whose keys are a finite set; the
-    router sees arbitrary keys and must not grow a table of them.
+    `memo` remembers each key's pair: right for the replay, whose keys are a finite set; the router
+    sees arbitrary keys and must not grow a table of them.
     """
-    if count == KEY_CANDIDATES:
-        pair = ring.pair
+    pair = ring.pair
+    if not memo:
 
-        def two(key_hash: int) -> tuple[D, ...]:
+        def candidates(key_hash: int) -> tuple[D, D]:
             i, j = pair(key_hash)
             return members[i], members[j]
 
-        candidates = two
-    else:
-        # Every point's candidates resolved once: a key's then cost one lookup on the hot path.
-        table = [tuple(members[i] for i in walk) for walk in ring.walks(count)]
-        position = ring.position
-
-        def several(key_hash: int) -> tuple[D, ...]:
-            return table[position(key_hash)]
-
-        candidates = several
-    if not memo:
         return candidates
-    seen: dict[int, tuple[D, ...]] = {}
+    seen: dict[int, tuple[D, D]] = {}
 
-    def remembered(key_hash: int) -> tuple[D, ...]:
+    def remembered(key_hash: int) -> tuple[D, D]:
         found = seen.get(key_hash)
         if found is None:
-            found = seen[key_hash] = candidates(key_hash)
+            i, j = pair(key_hash)
+            found = seen[key_hash] = (members[i], members[j])
         return found
 
     return remembered
 
 
-def key_candidates(planned: Sequence[D], ring: tuple[D, ...]) -> Sequence[D]:
-    """A planned key's candidates under key-seeded choices: its ring candidates, then its planned
-    destinations not already among them, `max(len(ring), len(planned))` in all (fewer when there
-    are not as many distinct ones)."""
-    want = max(MIN_KEY_CANDIDATES, len(ring), len(planned))
-    out: list[D] = []
-    for d in ring:
-        if d not in out:
-            out.append(d)
+def key_candidates(planned: Sequence[D], pair: tuple[D, D]) -> Sequence[D]:
+    """A planned key's candidates under key-seeded p2c: its ring pair, then its planned
+    destinations not already in it, `max(2, len(planned))` in all (fewer when there are not as
+    many distinct ones)."""
+    a, b = pair
+    want = max(MIN_KEY_CANDIDATES, len(planned))
+    out = [a] if a == b else [a, b]
     for d in planned:
         if len(out) >= want:
             break
@@ -149,7 +134,7 @@ class RoutingRule(Generic[D]):
 
     `draw` returns uniform floats in [0, 1) (`random.Random.random`): both callers seed one and
     consume it in the same order, so equal states and seeds give equal decisions.
-    `key_candidates` gives a key's ring candidates (`ring_candidates`); None routes unplanned
+    `key_candidates` gives a key's two ring candidates (`ring_candidates`); None routes unplanned
     keys by plain p2c; `widen_planned` widens computed planned routes with them (module docstring;
     `pinned` entries never are).
     `follow_ratio` 0 never follows.
@@ -165,7 +150,7 @@ class RoutingRule(Generic[D]):
         *,
         spill_threshold: float = DEFAULT_SPILL_THRESHOLD,
         spill_slack: float = DEFAULT_SPILL_SLACK,
-        key_candidates: Callable[[int], tuple[D, ...]] | None = None,
+        key_candidates: Callable[[int], tuple[D, D]] | None = None,
         follow_ratio: float = DEFAULT_FOLLOW_RATIO,
         follow_slack: float = DEFAULT_FOLLOW_SLACK,
         widen_planned: bool = False,
@@ -254,32 +239,22 @@ class RoutingRule(Generic[D]):
         """Bounded affinity: whether `destination` is above `threshold x mean + slack`."""
         return self._load(destination) > self.spill_threshold * self._mean() + self.spill_slack
 
-    def key_p2c(self, ring: tuple[D, ...], usable: Sequence[D], is_usable: Callable[[D], bool] | None) -> D:
-        """The least loaded usable one of a key's ring candidates (the first on a tie); plain p2c
-        when none is usable."""
-        load = self._load
-        if len(ring) == 2:
-            a, b = ring
-            if is_usable is None:
-                a_ok, b_ok = True, b != a
-            else:
-                a_ok = is_usable(a)
-                b_ok = b != a and is_usable(b)
-            if a_ok and b_ok:
-                return b if load(b) < load(a) else a
-            if a_ok:
-                return a
-            if b_ok:
-                return b
-            return self.p2c(usable)
-        best: D | None = None
-        best_load = 0.0
-        for d in ring:
-            if is_usable is None or is_usable(d):
-                value = load(d)
-                if best is None or value < best_load:
-                    best, best_load = d, value
-        return best if best is not None else self.p2c(usable)
+    def key_p2c(self, pair: tuple[D, D], usable: Sequence[D], is_usable: Callable[[D], bool] | None) -> D:
+        """The less loaded usable one of a key's two ring candidates (the first on a tie)."""
+        a, b = pair
+        if is_usable is None:
+            a_ok, b_ok = True, b != a
+        else:
+            a_ok = is_usable(a)
+            b_ok = b != a and is_usable(b)
+        if a_ok and b_ok:
+            load = self._load
+            return b if load(b) < load(a) else a
+        if a_ok:
+            return a
+        if b_ok:
+            return b
+        return self.p2c(usable)
 
     def p2c(self, usable: Sequence[D], exclude: D | None = None) -> D:
         """Power of two choices among `usable`, without `exclude` (which must be one of them)."""

@@ -22,13 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
-from cacheroute.planner.keyring import (
-    DEFAULT_UNPLANNED,
-    FOLLOWING_KEY_CANDIDATES,
-    KEY_CANDIDATES,
-    KeyRing,
-    check_unplanned_mode,
-)
+from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.plan import KeyExtraction
 from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS, memory_blocks
 from cacheroute.planner.routing import (
@@ -151,7 +145,7 @@ class Picker:
         )
         return _View(table, resolve_groups(table, self.pool), threshold, extraction, headers, rule)
 
-    def _ring_candidates(self) -> Callable[[int], tuple[Endpoint, ...]] | None:
+    def _ring_candidates(self) -> Callable[[int], tuple[Endpoint, Endpoint]] | None:
         # Members are every known endpoint, named by destination id where known (what every replica
         # agrees on), else by address; readiness is checked per decision, so a flapping endpoint
         # does not move keys.
@@ -161,8 +155,7 @@ class Picker:
         names = [e.destination or e.address for e in endpoints]
         if len(set(names)) != len(names):
             names = [e.address for e in endpoints]
-        count = FOLLOWING_KEY_CANDIDATES if self._prefixes is not None else KEY_CANDIDATES
-        return ring_candidates(KeyRing(names), endpoints, count=count)
+        return ring_candidates(KeyRing(names), endpoints)
 
     def install(self, table: RoutingTable) -> None:
         """Follow a new plan; the pool must already know its destinations."""

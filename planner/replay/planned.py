@@ -28,13 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cacheroute.planner.errors import PlanInputError
-from cacheroute.planner.keyring import (
-    DEFAULT_UNPLANNED,
-    FOLLOWING_KEY_CANDIDATES,
-    KEY_CANDIDATES,
-    KeyRing,
-    check_unplanned_mode,
-)
+from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.keystats import key_stats_from_trace
 from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Destination, Plan
@@ -89,11 +83,6 @@ class RoutingSettings:
     follow_slack: float = DEFAULT_FOLLOW_SLACK
     prefix_memory_blocks: int = DEFAULT_PREFIX_MEMORY_BLOCKS
 
-    @property
-    def key_candidates(self) -> int:
-        """Ring candidates of an unplanned key, as the router takes them (`keyring`)."""
-        return FOLLOWING_KEY_CANDIDATES if self.follow_prefixes else KEY_CANDIDATES
-
     def __post_init__(self) -> None:
         check_tokens_per_unit(self.tokens_per_unit)
         check_follow(self.follow_ratio, self.follow_slack)
@@ -144,8 +133,7 @@ class Planned(Policy):
         r = self.routing
         return {"name": self.name, "spill_slack": self.spill_slack, "unplanned": self.unplanned,
                 "routes": len(self.fixed_plan) if self.fixed_plan is not None else 0,
-                "tokens_per_unit": r.tokens_per_unit, "follow_prefixes": r.follow_prefixes,
-                "key_candidates": r.key_candidates}
+                "tokens_per_unit": r.tokens_per_unit, "follow_prefixes": r.follow_prefixes}
 
     def bind(self, view: RouterView, seed: int) -> None:
         super().bind(view, seed)
@@ -156,9 +144,7 @@ class Planned(Policy):
         self._usable = range(view.n)
         r = self.routing
         self._loads = EngineLoads(view, r.tokens_per_unit)
-        self._key_candidates = ring_candidates(
-            KeyRing(view.destination_ids), self._usable, count=r.key_candidates, memo=True
-        )
+        self._key_candidates = ring_candidates(KeyRing(view.destination_ids), self._usable, memo=True)
         # Prompt tokens in flight are charged when load counts them.
         self._unit = 1.0 / r.tokens_per_unit if r.tokens_per_unit > 0 else 0.0
         self._estimator = TokenEstimator()

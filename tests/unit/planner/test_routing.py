@@ -104,21 +104,6 @@ def test_an_unplanned_key_uses_the_less_loaded_of_its_two_ring_candidates() -> N
     assert rule_for(busy, key_seeded=True).choose(key, None, NAMES) == (KEY_P2C, second)
 
 
-def test_with_four_ring_candidates_an_unplanned_key_takes_the_least_loaded_of_them() -> None:
-    key = 12345
-    ring = ring_candidates(KeyRing(NAMES), NAMES, count=4)
-    four = ring(key)
-    assert len(set(four)) == 4 and four[:2] == ring_candidates(KeyRing(NAMES), NAMES)(key)
-    others = [d for d in NAMES if d not in four]
-    loads = idle() | {four[0]: 3.0, four[1]: 2.0, four[2]: 1.0, four[3]: 2.0} | dict.fromkeys(others, 0.0)
-    rule = RoutingRule(TableLoads(loads), random.Random(1).random, key_candidates=ring)
-    # The idle destinations outside the four are never compared.
-    assert rule.choose(key, None, NAMES) == (KEY_P2C, four[2])
-    assert rule.choose(key, None, NAMES, lambda d: d != four[2]) == (KEY_P2C, four[1])  # tie: the first
-    seen = {rule.choose(key, None, others, lambda d: d in others)[1] for _ in range(100)}
-    assert seen == set(others)  # none of the four usable: plain p2c
-
-
 def test_unusable_ring_candidates_are_skipped_then_plain_p2c_takes_over() -> None:
     key = 999
     first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)

@@ -233,29 +233,6 @@ def test_an_unplanned_key_keeps_to_its_two_ring_candidates_on_every_replica() ->
     assert min(spread.values()) > 50
 
 
-def test_a_router_that_follows_prefixes_gives_an_unplanned_key_four_ring_candidates() -> None:
-    plan = plan_for({})
-
-    def follower(seed: int) -> Picker:
-        pool = EndpointPool(scraping=False)
-        picker = Picker(pool, seed=seed, follow_prefixes=True)
-        pool.set_plan_destinations(plan.destinations)
-        picker.install(build_table(plan, "v1"))
-        return picker
-
-    one, two = follower(1), follower(2)
-    used = []
-    # Each time the key's endpoint gets busier than every other, it moves: to four endpoints only.
-    for busy in range(1, 9):
-        address = one.pick(key("bob")).endpoints[0].address
-        assert two.pick(key("bob")).endpoints[0].address == address  # every replica agrees
-        used.append(address)
-        for picker in (one, two):
-            picker.pool.by_address[address].in_flight = busy
-    assert len(set(used)) == 4
-    assert len(set(used[:4])) == 4  # the least loaded of the four, so it visits all before returning
-
-
 def test_an_unplanned_key_whose_candidates_are_unready_goes_to_plain_p2c() -> None:
     picker = picker_for(plan_for({}))
     pool = picker.pool
