@@ -21,9 +21,7 @@ import numpy.typing as npt
 
 from cacheroute.operator.control.promjson import AnswerError, values_by_label, vector_values
 from cacheroute.operator.control.promql import (
-    KEY_PREFIX_TOKENS,
-    KEY_PROMPT_TOKENS,
-    KEY_REQUESTS,
+    KEY_COUNTERS,
     NO_KEY,
     OTHER_KEY,
     PLAIN_KEY,
@@ -35,11 +33,6 @@ from cacheroute.operator.control.promql import (
 )
 
 F64 = npt.NDArray[np.float64]
-KEY_COUNTERS = {
-    "key_requests": KEY_REQUESTS,
-    "key_prompt_tokens": KEY_PROMPT_TOKENS,
-    "key_prefix_tokens": KEY_PREFIX_TOKENS,
-}
 # Keys with a series born in the window listed by name in the query that counts them again; past
 # this (a router restarted in the window: every key of it) every key is counted that way.
 MAX_LISTED_KEYS = 1000
@@ -154,7 +147,7 @@ def window_from_values(
     values: Mapping[str, Mapping[str, float]], *, evaluated_at: int, window_s: float
 ) -> WindowMetrics:
     """Assemble a window from each `WindowQueries` field's answer, as label value -> sample value."""
-    requests, prompt, prefix = (dict(values[n]) for n in ("key_requests", "key_prompt_tokens", "key_prefix_tokens"))
+    requests, prompt, prefix = (dict(values[n]) for n in KEY_COUNTERS)
     per_pod = {name: values[name] for name in ENGINE_QUERIES}
     pods = sorted(set().union(*per_pod.values()))
     engines = {pod: EngineWindow(**{name: per_pod[name].get(pod) for name in ENGINE_QUERIES}) for pod in pods}

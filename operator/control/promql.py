@@ -22,6 +22,12 @@ ROUTER_PREFIX = "cacheroute_router"
 KEY_REQUESTS = f"{ROUTER_PREFIX}_key_requests_total"
 KEY_PROMPT_TOKENS = f"{ROUTER_PREFIX}_key_prompt_tokens_total"
 KEY_PREFIX_TOKENS = f"{ROUTER_PREFIX}_key_prefix_tokens_total"
+# The per-key counters, by the `WindowQueries` field that asks for each.
+KEY_COUNTERS = {
+    "key_requests": KEY_REQUESTS,
+    "key_prompt_tokens": KEY_PROMPT_TOKENS,
+    "key_prefix_tokens": KEY_PREFIX_TOKENS,
+}
 # When a key's series started (unix seconds), as prometheus_client exports a counter's creation.
 KEY_CREATED = f"{ROUTER_PREFIX}_key_requests_created"
 # Label values of the router's per-key series that are not keys (router/metrics.py).
@@ -168,9 +174,7 @@ def window_queries(series: PoolSeries, window_s: float) -> WindowQueries:
     seconds = window_seconds(window_s)
     w = range_of(seconds)
     return WindowQueries(
-        key_requests=key_increase(series, KEY_REQUESTS, seconds),
-        key_prompt_tokens=key_increase(series, KEY_PROMPT_TOKENS, seconds),
-        key_prefix_tokens=key_increase(series, KEY_PREFIX_TOKENS, seconds),
+        **{name: key_increase(series, metric, seconds) for name, metric in KEY_COUNTERS.items()},
         key_born=key_born(series, seconds),
         generation_tokens=engine_counter(series, GENERATION_TOKENS, w),
         prefix_cache_hits=engine_counter(series, PREFIX_CACHE_HITS, w),
