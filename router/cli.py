@@ -22,6 +22,7 @@ from cacheroute.router.settings import (
     DEFAULT_METRICS_PORT,
     DEFAULT_SKETCH_SIZE,
     MAX_BODY_BYTES_LIMIT,
+    MAX_ENDPOINT_KV_TOKENS,
     MAX_PREFIX_MEMORY_BLOCKS,
     MAX_SKETCH_SIZE,
     KeyOverrides,
@@ -207,10 +208,21 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             max=MAX_PREFIX_MEMORY_BLOCKS,
             envvar=_env("PREFIX_MEMORY_BLOCKS"),
             help="Most prompt prefixes of 256 tokens the router remembers for --follow-prefixes: as many as "
-            "the plan's destinations hold in KV cache, at most this (least recently routed out; about 180 bytes "
-            "each).",
+            "the plan's destinations hold in KV cache (without a plan: the endpoints at --endpoint-kv-tokens "
+            "each), at most this (least recently routed out; about 180 bytes each).",
         ),
     ] = DEFAULT_PREFIX_MEMORY_BLOCKS,
+    endpoint_kv_tokens: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=MAX_ENDPOINT_KV_TOKENS,
+            envvar=_env("ENDPOINT_KV_TOKENS"),
+            help="KV cache tokens one endpoint holds, GPU and host memory (the pool's memory plan): sizes the "
+            "prefix memory while no plan gives its destinations' capacities. 0: not known (the memory holds "
+            "--prefix-memory-blocks until a plan arrives, and may follow prefixes the caches evicted).",
+        ),
+    ] = 0,
     scrape_interval: Annotated[
         float,
         typer.Option(
@@ -286,6 +298,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             widen_planned=widen_planned,
             follow_prefixes=follow_prefixes,
             prefix_memory_blocks=prefix_memory_blocks,
+            endpoint_kv_tokens=endpoint_kv_tokens,
             scrape_interval=scrape_interval,
             scrape_timeout=scrape_timeout,
             max_body_bytes=max_body_bytes,

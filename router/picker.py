@@ -109,6 +109,7 @@ class Picker:
         widen_planned: bool = False,
         follow_prefixes: bool = False,
         prefix_memory_blocks: int = DEFAULT_PREFIX_MEMORY_BLOCKS,
+        endpoint_kv_tokens: int = 0,
     ) -> None:
         check_tokens_per_unit(tokens_per_unit)
         self.pool = pool
@@ -123,11 +124,15 @@ class Picker:
         self._loads = _EndpointLoads(pool, tokens_per_unit)
         self._widen = widen_planned
         self._prefix_limit = prefix_memory_blocks
+        # KV tokens one endpoint holds (GPU and host tiers; 0: not known): sizes the memory of
+        # routed prefixes while no plan says what its destinations hold.
+        self._endpoint_kv_tokens = endpoint_kv_tokens
         self._prefixes = RoutedPrefixes(prefix_memory_blocks, pool.per_token) if follow_prefixes else None
         self._view = self._make_view(RoutingTable.empty())
         pool.on_change(self.refresh)
         if self._prefixes is not None:
             self._prefixes.sync(pool.by_address)
+            self._size_prefix_memory(self._view.table)
 
     # --- plan -------------------------------------------------------------------------------------
 
@@ -160,9 +165,7 @@ class Picker:
     def install(self, table: RoutingTable) -> None:
         """Follow a new plan; the pool must already know its destinations."""
         if self._prefixes is not None:
-            # Remember as many prefixes as the plan's destinations hold (`prefixes.memory_blocks`).
-            fleet = sum(d.kv_capacity_tokens + d.host_kv_capacity_tokens for d in table.destinations)
-            self._prefixes.resize(memory_blocks(fleet, BLOCK_TOKENS, self._prefix_limit))
+            self._size_prefix_memory(table)
         # One reference assignment: a decision sees either the old view or the new one.
         self._view = self._make_view(table)
 
@@ -170,7 +173,20 @@ class Picker:
         """Re-resolve destinations after the endpoint membership changed."""
         if self._prefixes is not None:
             self._prefixes.sync(self.pool.by_address)
+            self._size_prefix_memory(self._view.table)
         self._view = self._make_view(self._view.table)
+
+    def fleet_kv_tokens(self, table: RoutingTable) -> int:
+        """What the fleet's KV caches hold: the plan's destinations' capacities, else every known
+        endpoint at `endpoint_kv_tokens`, else 0 (not known)."""
+        planned = sum(d.kv_capacity_tokens + d.host_kv_capacity_tokens for d in table.destinations)
+        return planned if planned > 0 else len(self.pool.by_address) * self._endpoint_kv_tokens
+
+    def _size_prefix_memory(self, table: RoutingTable) -> None:
+        # Remember as many prefixes as the fleet holds (`prefixes.memory_blocks`): a memory larger
+        # than the caches follows prefixes they have evicted, trading balance for nothing.
+        assert self._prefixes is not None
+        self._prefixes.resize(memory_blocks(self.fleet_kv_tokens(table), BLOCK_TOKENS, self._prefix_limit))
 
     @property
     def follows_prefixes(self) -> bool:

@@ -69,6 +69,7 @@ class Router:
             widen_planned=settings.widen_planned,
             follow_prefixes=settings.follow_prefixes,
             prefix_memory_blocks=settings.prefix_memory_blocks,
+            endpoint_kv_tokens=settings.endpoint_kv_tokens,
         )
         self.metrics = RouterMetrics(
             self.pool, sketch_size=settings.sketch_size, export_key_names=settings.export_key_names

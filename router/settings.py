@@ -22,6 +22,8 @@ DEFAULT_SKETCH_SIZE = 4096
 MAX_BODY_BYTES_LIMIT = 64 * 1024 * 1024
 MAX_SKETCH_SIZE = 1_000_000
 MAX_PREFIX_MEMORY_BLOCKS = 16_777_216
+# No endpoint holds a trillion tokens of KV: a larger figure is a unit mistake.
+MAX_ENDPOINT_KV_TOKENS = 1 << 40
 
 
 class SettingsError(ValueError):
@@ -113,6 +115,9 @@ class RouterSettings:
     # Requests follow the longest prefix of their prompt this router routed before (`following.py`).
     follow_prefixes: bool = True
     prefix_memory_blocks: int = DEFAULT_PREFIX_MEMORY_BLOCKS
+    # KV tokens one endpoint holds, GPU and host tiers (0: not known): sizes the prefix memory
+    # while no plan gives its destinations' capacities.
+    endpoint_kv_tokens: int = 0
     scrape_interval: float = 0.5
     scrape_timeout: float = 1.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -146,6 +151,8 @@ class RouterSettings:
             raise SettingsError(f"unplanned {self.unplanned!r} is not one of {', '.join(UNPLANNED_MODES)}")
         _check_range("tokens-per-load-unit", self.tokens_per_load_unit, 0, 1e9, unit=" tokens (0: requests only)")
         _check_range("prefix-memory-blocks", self.prefix_memory_blocks, 1, MAX_PREFIX_MEMORY_BLOCKS)
+        _check_range("endpoint-kv-tokens", self.endpoint_kv_tokens, 0, MAX_ENDPOINT_KV_TOKENS,
+                     unit=" tokens (0: not known)")
         _check_range("scrape-interval", self.scrape_interval, 0, 3600, unit=" seconds (0 turns scraping off)")
         _check_range("scrape-timeout", self.scrape_timeout, 0, 600, open_low=True, unit=" seconds")
         _check_range("plan-poll-interval", self.plan_poll_interval, 0.01, 3600, unit=" seconds")

@@ -71,7 +71,7 @@ def desired_objects(
             router.build_service_account(pool),
             router.build_role(pool),
             router.build_role_binding(pool),
-            router.build_deployment(pool, spec, config),
+            router.build_deployment(pool, spec, config, memory.plan if memory.planned else None),
             services.build_router_service(pool),
         ],
         create_only=planmap.build_plan_configmaps(pool, spec),

@@ -15,6 +15,7 @@ from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.config import OperatorConfig
 from cacheroute.operator.fleet import names
 from cacheroute.operator.rbac import ROUTER_RULES
+from cacheroute.planner.memory import MemoryPlan
 
 PLAN_MOUNT = "/etc/cacheroute/plan"
 POD_IP = "$(POD_IP)"
@@ -70,7 +71,14 @@ def _http_probe(period: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures, "timeoutSeconds": 2}
 
 
-def picker_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorConfig) -> list[str]:
+def endpoint_kv_tokens(plan: MemoryPlan) -> int:
+    """KV tokens one replica holds under `plan`: GPU and host tiers."""
+    return plan.kv_capacity_tokens + plan.host_kv_capacity_tokens
+
+
+def picker_args(
+    pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorConfig, memory_plan: MemoryPlan | None = None
+) -> list[str]:
     r = spec.router
     args = [
         "router", "serve",
@@ -94,6 +102,9 @@ def picker_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorCo
         "--scrape-interval", f"{config.router.scrape_interval_seconds:g}",
         "--log-level", config.router.log_level,
     ]
+    if memory_plan is not None:
+        # Without a plan yet (or in Shadow mode) the router sizes its prefix memory from this.
+        args += ["--endpoint-kv-tokens", str(endpoint_kv_tokens(memory_plan))]
     return args
 
 
@@ -116,14 +127,17 @@ def envoy_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorCon
     ]
 
 
-def build_deployment(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorConfig) -> dict[str, Any]:
+def build_deployment(
+    pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorConfig, memory_plan: MemoryPlan | None = None
+) -> dict[str, Any]:
+    """The router Deployment; `memory_plan` is the replicas' (None while it is not decided)."""
     r = config.router
     image = spec.router.image or r.image
     picker = {
         "name": "picker",
         "image": image,
         "imagePullPolicy": r.image_pull_policy,
-        "args": picker_args(pool, spec, config),
+        "args": picker_args(pool, spec, config, memory_plan),
         "env": DOWNWARD_ENV,
         "ports": [
             {"name": "grpc", "containerPort": names.ROUTER_GRPC_PORT, "protocol": "TCP"},

@@ -152,6 +152,23 @@ def test_router_arguments_parse_with_the_router_commands_as_they_are() -> None:
     assert serve.params["follow_prefixes"] is False and serve.params["prefix_memory_blocks"] == 1000
 
 
+def test_the_router_is_told_what_one_replica_holds_once_the_memory_plan_is_decided() -> None:
+    """Without a plan (Shadow mode, before the first period) the router sizes its prefix memory from
+    the replicas' KV, GPU and host tiers; while the memory plan is not decided it is not told."""
+    command = typer.main.get_command(router_app)
+
+    def served(objects: Any) -> dict[str, Any]:
+        deployment = next(o for o in objects.apply if o["kind"] == "Deployment")
+        args = [a.replace("$(POD_IP)", "10.1.2.3") for a in pod_spec(deployment)["containers"][0]["args"]]
+        params: dict[str, Any] = command.commands["serve"].make_context("serve", args[2:]).params  # type: ignore[attr-defined]
+        return params
+
+    planned = served(desired_objects(POOL, SPEC, MemoryOutcome("Planned", "", plan=PLAN), CONFIG))
+    assert planned["endpoint_kv_tokens"] == PLAN.kv_capacity_tokens + PLAN.host_kv_capacity_tokens > 0
+    undecided = served(desired_objects(POOL, SPEC, MemoryOutcome("DoesNotFit", "too big"), CONFIG))
+    assert undecided["endpoint_kv_tokens"] == 0
+
+
 def test_router_role_grants_only_endpointslice_reads_and_the_operator_holds_it() -> None:
     role = router.build_role(POOL)
     assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],

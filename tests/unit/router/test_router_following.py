@@ -205,3 +205,41 @@ def test_the_memory_holds_as_many_prefixes_as_the_plan_s_destinations_hold() -> 
     for i in range(40):
         picker.pick(None, prompt_tokens=300, chain=[i])
     assert picker.remembered_prefixes == 30
+
+
+def test_without_a_plan_the_memory_holds_what_the_endpoints_hold() -> None:
+    """Shadow mode or before the first plan: as many prefixes as the known endpoints' KV holds,
+    following membership; a plan's capacities take over once one is in effect."""
+    pool = EndpointPool(scraping=False)
+    pool.set_static(ADDRESSES[:2])
+    picker = Picker(pool, follow_prefixes=True, prefix_memory_blocks=10_000, endpoint_kv_tokens=2_560)
+    assert picker.prefix_memory_capacity == 2 * 2_560 // BLOCK_TOKENS
+    pool.set_static(ADDRESSES[:3])
+    assert picker.prefix_memory_capacity == 3 * 2_560 // BLOCK_TOKENS
+    picker.install(build_table(plan_from_routes("pool", [], {}), "empty"))  # the pool's first, empty plan
+    assert picker.prefix_memory_capacity == 3 * 2_560 // BLOCK_TOKENS
+    destinations = [Destination(f"pool-{i}", a, 1.0, 5_120, 0) for i, a in enumerate(ADDRESSES[:3])]
+    pool.set_plan_destinations(destinations)
+    picker.install(build_table(plan_from_routes("pool", destinations, {}), "v1"))
+    assert picker.prefix_memory_capacity == 3 * 5_120 // BLOCK_TOKENS
+    unknown = Picker(pool, follow_prefixes=True, prefix_memory_blocks=10_000)
+    assert unknown.prefix_memory_capacity == 10_000
+
+
+def test_a_conversation_the_fleet_has_evicted_since_its_last_turn_is_not_followed() -> None:
+    """A memory the size of the caches forgets what they evicted: the next turn of an old
+    conversation is routed for balance, not pulled to where its history used to be."""
+
+    def next_turn_outcome(endpoint_kv_tokens: int) -> str:
+        pool = EndpointPool(scraping=False)
+        pool.set_static(ADDRESSES[:4])
+        picker = Picker(pool, seed=5, unplanned="p2c", follow_prefixes=True, endpoint_kv_tokens=endpoint_kv_tokens)
+        old = chat("o" * 8000)
+        picker.pick(None, prompt_tokens=2_000, chain=prefix_chain(prompt_text(old)))
+        for i in range(200):  # other conversations since: 200 x 8 blocks, past what 4 x 2,560 tokens hold
+            picker.pick(None, prompt_tokens=2_000, chain=prefix_chain(prompt_text(chat(f"{i:04d}" * 2000))))
+        later = chat("o" * 8000, "ok", "and then?")
+        return picker.pick(None, prompt_tokens=2_010, chain=prefix_chain(prompt_text(later))).outcome
+
+    assert next_turn_outcome(0) == "followed"  # fleet not known: the memory outlives the caches
+    assert next_turn_outcome(2_560) == "p2c"
