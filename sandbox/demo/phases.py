@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cacheroute.operator.control.conditions import GUARD_REJECTED
 from cacheroute.sandbox.demo.cluster import DemoError, await_true, condition, get_object, set_plan_mode
 from cacheroute.sandbox.demo.observe import Counters, PoolMetrics, await_routers_on
 from cacheroute.sandbox.demo.settings import DemoSettings
@@ -50,11 +51,14 @@ def run_phase(
 
 def switch_to_auto(api: Any, settings: DemoSettings, routers: list[str], window_s: float) -> dict[str, Any]:
     """Set the AffinityPlan to Auto with a metrics window of the last `window_s` seconds (the
-    first phase); return it once its plan is published and every router runs it.
+    first phase); return it once its plan is published and every router runs it, or once the
+    operator has decided not to publish one (`guard_rejected`).
 
     A new spec generation is planned at once (docs/affinity-plan.md): the operator reads the
     last metrics window (the first phase), plans, replays the candidate in its guard and
-    publishes it. A candidate the guard rejects is reported as it is, not worked around.
+    publishes it. A candidate the guard rejects is reported as it is, not worked around: the
+    plan in effect (none) stays, and the demo goes on under it. Any other reason not to apply
+    one (no metrics, a failed period) ends the demo.
     """
     set_plan_mode(api, settings, "Auto", metrics_window=f"{math.ceil(window_s)}s")
     generation = get_object(api, settings.namespace, "affinityplans", settings.plan)["metadata"]["generation"]
@@ -67,6 +71,8 @@ def switch_to_auto(api: Any, settings: DemoSettings, routers: list[str], window_
         applied = condition(obj, "Applied")
         if applied.get("status") == "True" and status.get("planVersion"):
             return True
+        if applied.get("reason") == GUARD_REJECTED:
+            return True
         if applied.get("reason") not in (None, "ShadowMode"):
             raise DemoError(f"the operator did not apply a plan: Applied={applied.get('status')} "
                            f"{applied.get('reason')}: {applied.get('message')}")
@@ -74,6 +80,12 @@ def switch_to_auto(api: Any, settings: DemoSettings, routers: list[str], window_
 
     await_true(acted, f"AffinityPlan {settings.plan} to publish its first plan in Auto", settings.step_timeout_s)
     plan = get_object(api, settings.namespace, "affinityplans", settings.plan)
-    await_routers_on(routers, plan["status"]["planVersion"], settings.step_timeout_s)
+    if not guard_rejected(plan):
+        await_routers_on(routers, plan["status"]["planVersion"], settings.step_timeout_s)
     return plan
+
+
+def guard_rejected(plan: dict[str, Any]) -> bool:
+    """Whether the operator's guard kept the AffinityPlan's candidate from being applied."""
+    return condition(plan, "Applied").get("reason") == GUARD_REJECTED
 

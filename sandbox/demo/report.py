@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 
 from cacheroute.operator.files import write_with
+from cacheroute.sandbox.demo.cluster import condition
 from cacheroute.sandbox.demo.phases import PhaseResult
 from cacheroute.sandbox.demo.run import DemoRun
 
@@ -63,7 +64,7 @@ def _decisions(phase: PhaseResult) -> str:
 
 def phase_table(run: DemoRun) -> Table:
     p2c, planned = run.phases
-    table = Table("", "no plan (Shadow)", "planned (Auto)", title="the loop, client and Prometheus figures")
+    table = Table("", "no plan (Shadow)", second_phase_title(run), title="the loop, client and Prometheus figures")
     rows: list[tuple[str, ...]] = [
         ("requests sent / ok", *(f"{p.summary.requests} / {p.summary.succeeded}" for p in (p2c, planned))),
         ("served KV hit (vLLM counters, Prometheus)", *(_pct(p.counters.served_kv_hit) for p in (p2c, planned))),
@@ -84,8 +85,13 @@ def phase_table(run: DemoRun) -> Table:
     return table
 
 
+def second_phase_title(run: DemoRun) -> str:
+    return "Auto, the guard kept no plan" if run.guard_rejected else "planned (Auto)"
+
+
 def destinations_table(run: DemoRun) -> Table:
-    table = Table("destination", "p2c", "planned", "replay p2c", "replay planned",
+    second = "Auto, no plan" if run.guard_rejected else "planned"
+    table = Table("destination", "p2c", second, "replay p2c", f"replay {second}",
                   title="requests per destination (vLLM's request counters)")
     pods = sorted(set(run.destination_ids) | {p for ph in run.phases for p in ph.counters.requests_by_pod},
                   key=lambda p: (len(p), p))
@@ -105,13 +111,22 @@ def kubectl_table(title: str, rows: list[list[str]]) -> Table:
 
 def verdict_lines(run: DemoRun) -> list[str]:
     v = verdict(run)
-    lines = [
-        f"planned vs no plan: served KV hit {v.kv_hit_gain_pp:+.1f} pp, p99 TTFT x{v.p99_ttft_ratio:.2f} "
-        f"({'planned wins on both' if v.planned_wins else 'planned does NOT win on both'})",
-    ]
+    if run.guard_rejected:
+        # Both phases ran without a plan: what they differ by is the traffic's text, not routing.
+        lines = [
+            f"no plan applied: the operator's guard rejected the candidate "
+            f"({condition(run.plan_object, 'Applied').get('message')}); the second phase ran without a plan: "
+            f"served KV hit {v.kv_hit_gain_pp:+.1f} pp, p99 TTFT x{v.p99_ttft_ratio:.2f} against the first",
+        ]
+    else:
+        lines = [
+            f"planned vs no plan: served KV hit {v.kv_hit_gain_pp:+.1f} pp, p99 TTFT x{v.p99_ttft_ratio:.2f} "
+            f"({'planned wins on both' if v.planned_wins else 'planned does NOT win on both'})",
+        ]
     if run.prediction is not None:
+        phase = "second" if run.guard_rejected else "planned"
         lines.append(
-            f"loop vs replay, planned phase: served KV hit {100 * run.phases[1].counters.served_kv_hit:.1f} % vs "
+            f"loop vs replay, {phase} phase: served KV hit {100 * run.phases[1].counters.served_kv_hit:.1f} % vs "
             f"{100 * run.prediction[1].served_kv_hit:.1f} % ({v.loop_vs_replay_pp:+.1f} pp; "
             f"{'within' if v.replay_agrees else 'OUTSIDE'} {AGREEMENT_PP:.0f} pp)"
         )
@@ -159,7 +174,8 @@ def document(run: DemoRun) -> dict[str, Any]:
         "warmups": {w.name: {"client": w.summary.to_dict(), "served_kv_hit": w.counters.served_kv_hit}
                     for w in run.warmups},
         "send_offsets_s": run.offsets_s,
-        "verdict": {**asdict(v), "planned_wins": v.planned_wins, "replay_agrees": v.replay_agrees},
+        "verdict": {**asdict(v), "planned_wins": v.planned_wins and not run.guard_rejected,
+                    "guard_rejected": run.guard_rejected, "replay_agrees": v.replay_agrees},
         "steps_s": run.steps_s,
         "kubectl": run.tables,
     })

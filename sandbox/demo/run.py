@@ -14,9 +14,9 @@ from cacheroute.planner.plan import Plan
 from cacheroute.planner.plan_format import decode_plan
 from cacheroute.sandbox.cluster import Sandbox
 from cacheroute.sandbox.demo import cluster
-from cacheroute.sandbox.demo.cluster import DemoError, await_true
+from cacheroute.sandbox.demo.cluster import DemoError, await_true, condition
 from cacheroute.sandbox.demo.observe import PoolMetrics, router_ready_endpoints
-from cacheroute.sandbox.demo.phases import PhaseResult, Progress, run_phase, switch_to_auto
+from cacheroute.sandbox.demo.phases import PhaseResult, Progress, guard_rejected, run_phase, switch_to_auto
 from cacheroute.sandbox.demo.prediction import PhasePrediction, predict
 from cacheroute.sandbox.demo.settings import DemoSettings
 from cacheroute.sandbox.demo.workload import DemoWorkload, demo_workload
@@ -41,6 +41,11 @@ class DemoRun:
     offsets_s: tuple[float, ...] = ()
     tables: dict[str, list[list[str]]] = field(default_factory=dict)
     steps_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def guard_rejected(self) -> bool:
+        """The operator's guard kept the candidate out: the second phase ran without a plan."""
+        return bool(self.plan_object) and guard_rejected(self.plan_object)
 
 
 @contextlib.contextmanager
@@ -102,8 +107,12 @@ def run_demo(
     run.plan = published_plan(api, settings)
     done("plan published")
     status = run.plan_object["status"]
-    say(f"planned (plan {status['planVersion']}, {status.get('admittedKeys')} keys): the same slice again "
-        "(other text, same keys)")
+    if run.guard_rejected:
+        say(f"the guard rejected the candidate ({condition(run.plan_object, 'Applied').get('message')}): the same "
+            "slice again under the plan in effect (none), as the operator left it")
+    else:
+        say(f"planned (plan {status['planVersion']}, {status.get('admittedKeys')} keys): the same slice again "
+            "(other text, same keys)")
     run.warmups.append(send("warm-up (planned)", second.warmup))
     run.phases.append(send("planned", second.measured))
     done("phase planned")
