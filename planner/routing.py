@@ -193,10 +193,18 @@ class RoutingRule(Generic[D]):
             if planned is not None:
                 if ring is not None and self.widen_planned and not pinned:
                     planned = key_candidates(planned, ring(key_hash))
-                best = self.least_loaded(planned, key_hash, is_usable)
+                best: D | None
+                if len(planned) == 1:
+                    # Most keys have one planned destination: no search.
+                    best = planned[0]
+                    if is_usable is not None and not is_usable(planned[0]):
+                        best = None
+                else:
+                    best = self.least_loaded(planned, key_hash, is_usable)
                 if best is None:
                     outcome, chosen = SPILLED, self.p2c(usable)
-                elif len(usable) == 1 or not self.overloaded(best):
+                elif len(usable) == 1 or self._load(best) <= self.spill_threshold * self._mean() + self.spill_slack:
+                    # Within the bounded-affinity limit (`overloaded`).
                     outcome, chosen = PLANNED, best
                 else:
                     outcome, chosen = SPILLED, self.p2c(usable, best)

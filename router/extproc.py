@@ -50,6 +50,7 @@ from grpc.aio import EOF
 
 from cacheroute.planner.tokenload import TokenEstimator
 from cacheroute.router import keys as keymod
+from cacheroute.router import wire
 from cacheroute.router.endpoints import Endpoint
 from cacheroute.router.picker import NONE
 from cacheroute.router.prompts import prefix_chain, prompt_text
@@ -85,6 +86,8 @@ ERROR_LOG_INTERVAL = 60.0
 
 # A serialized ProcessingResponse.
 Reply = bytes
+
+parse_message = pb.ProcessingRequest.FromString
 
 _HEADERS_CONTINUE: Reply = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
 _BODY_CONTINUE: Reply = pb.ProcessingResponse(request_body=pb.BodyResponse()).SerializeToString()
@@ -156,9 +159,11 @@ class RouterCore:
         self.default_body_mode = BODY_MODE_BY_NAME[default_body_mode]
         # Prompt tokens from body bytes, the ratio learned from responses' usage (token-aware load).
         self.estimator = TokenEstimator()
-        self._routes: dict[tuple[str, str], Reply] = {}
+        # Routing replies by (phase, endpoint list): built once each (`route_response`).
+        self.replies: dict[tuple[str, str], Reply] = {}
         self._error_logged_at = -ERROR_LOG_INTERVAL
         self._errors_unlogged = 0
+        self.header_keys = keymod.HeaderKeys()
 
     def report_error(self, kind: str | None) -> None:
         """Count a message whose handling raised; log its traceback at most once a minute."""
@@ -175,11 +180,11 @@ class RouterCore:
     def route_response(self, phase: str, value: str) -> Reply:
         # Replies are identical for every request sent to the same endpoint list; build each once.
         cache_key = (phase, value)
-        response = self._routes.get(cache_key)
+        response = self.replies.get(cache_key)
         if response is None:
-            if len(self._routes) > 4096:
-                self._routes.clear()
-            response = self._routes[cache_key] = _route_response(phase, value)
+            if len(self.replies) > 4096:
+                self.replies.clear()
+            response = self.replies[cache_key] = _route_response(phase, value)
         return response
 
 
@@ -253,6 +258,31 @@ class Exchange:
             return [_RESPONSE_TRAILERS_CONTINUE]
         return []
 
+    def receive(self, data: bytes) -> list[Reply]:
+        """Handle one message as it came off the wire. The reply to response headers does not
+        depend on them, so they are not decoded; request headers are read from their bytes
+        where they can be (`wire.py`); every other message is decoded and handled by `handle`."""
+        # `wire.message_kind`, called only when a protocol configuration comes first.
+        kind = data[0] if data else 0
+        at = 0
+        if kind == wire.PROTOCOL_CONFIG:
+            kind, at = wire.message_kind(data)
+        if kind == wire.RESPONSE_HEADERS:
+            return [_RESPONSE_HEADERS_CONTINUE]
+        if kind == wire.REQUEST_HEADERS and not self.decided:
+            started = time.perf_counter()
+            patterns = self.core.picker.header_patterns
+            found = wire.read_request_headers(data, at, patterns) if patterns is not None else None
+            if found is not None:
+                end_of_stream, modes, values = found
+                if modes is not None:
+                    self.request_mode, self.response_mode = modes
+                headers = self.headers
+                for name, raw in values.items():
+                    headers[name] = raw.decode("utf-8", "replace")
+                return self._headers_seen(started, not end_of_stream)
+        return self.handle(parse_message(data))
+
     def _on_request_headers(self, req: pb.ProcessingRequest) -> list[Reply]:
         if self.decided:
             # A second request_headers (or headers after the body): one request, one decision.
@@ -263,9 +293,7 @@ class Exchange:
             self.response_mode = req.protocol_config.response_body_mode
         if req.HasField("metadata_context"):
             self.allowed = _subset_hint(req.metadata_context)
-        picker = self.core.picker
-        extraction = picker.key_extraction
-        wanted = picker.wanted_headers
+        wanted = self.core.picker.wanted_headers
         headers = self.headers
         message = req.request_headers
         for h in message.headers.headers:
@@ -273,12 +301,25 @@ class Exchange:
             if name in wanted:
                 raw: bytes = h.raw_value
                 headers[name] = raw.decode("utf-8", "replace") if raw else h.value
+        return self._headers_seen(started, not message.end_of_stream)
+
+    def _headers_seen(self, started: float, body_follows: bool) -> list[Reply]:
+        """Decide on the request headers now, or wait for the body (module docstring)."""
+        picker = self.core.picker
+        extraction = picker.key_extraction
+        headers = self.headers
         length = headers.get("content-length", "")
         if length.isdigit() and len(length) <= _MAX_CONTENT_LENGTH_DIGITS and length.isascii():
             size = int(length)
             self.content_length = size if size <= MAX_CONTENT_LENGTH else 0
-        body_follows = not message.end_of_stream
-        self.key = keymod.key_from_headers(headers, extraction)
+        # `HeaderKeys.find`, inline: the key header's value, its hash remembered.
+        name = extraction.header
+        value = headers.get(name) if name else None
+        key = None
+        if value:
+            header_keys = self.core.header_keys
+            key = header_keys.get(value) or header_keys.add(value)
+        self.key = key
         follows = picker.follows_prefixes
         if (
             (self.key is not None and not follows)
@@ -375,9 +416,9 @@ class Exchange:
         core = self.core
         # What the body says the prompt weighs: its bytes so far, or the declared content-length
         # when the decision comes from the headers alone.
-        tokens = core.estimator.estimate(self.body_bytes or self.content_length)
-        decision = core.picker.pick(self.key.hash if self.key is not None else None, self.allowed,
-                                    prompt_tokens=tokens, chain=self.chain)
+        tokens = int((self.body_bytes or self.content_length) * core.estimator.ratio + 0.5)  # `estimate`, inline
+        key = self.key
+        decision = core.picker.pick(key.hash if key is not None else None, self.allowed, tokens, self.chain)
         if self.endpoint is not None:
             # Only a fallback after a failed message decides twice; the first endpoint goes back.
             core.pool.release(self.endpoint, self.charge)
@@ -395,7 +436,7 @@ class Exchange:
         core.pool.acquire(primary, self.charge)
         self.endpoint = primary
         value = primary.address if len(endpoints) == 1 else ",".join(e.address for e in endpoints)
-        response = core.route_response(phase, value)
+        response = core.replies.get((phase, value)) or core.route_response(phase, value)
         metrics.decision_seconds.observe(time.perf_counter() - started)
         return response
 
@@ -442,25 +483,17 @@ class Exchange:
         if self.usage_tokens is not None:
             self.core.estimator.learn(self.body_bytes or self.content_length, self.usage_tokens)
         try:
-            self._count()
+            metrics = self.core.metrics
+            if self.usage_tokens is not None:
+                prompt_tokens = self.usage_tokens
+                metrics.token_sources["usage"] += 1
+            else:
+                prompt_tokens = keymod.estimate_prompt_tokens(self.body_bytes or self.content_length)
+                metrics.token_sources["estimate"] += 1
+            key = self.key
+            metrics.record_request(key, prompt_tokens, self.prefix_tokens)
         except Exception:
             self.core.report_error("stream end")
-
-    def _count(self) -> None:
-        metrics = self.core.metrics
-        if self.usage_tokens is not None:
-            prompt_tokens = self.usage_tokens
-            metrics.token_sources["usage"] += 1
-        else:
-            prompt_tokens = keymod.estimate_prompt_tokens(self.body_bytes or self.content_length)
-            metrics.token_sources["estimate"] += 1
-        key = self.key
-        metrics.record_request(
-            key.hash if key is not None else None,
-            key.name if key is not None else None,
-            prompt_tokens,
-            self.prefix_tokens,
-        )
 
 
 _PASS_THROUGH = {
@@ -499,23 +532,26 @@ class ExternalProcessor:
         read = context.read
         write = context.write
         try:
-            while (request := await read()) is not EOF:
+            while (data := await read()) is not EOF:
+                if data and data[0] == wire.RESPONSE_HEADERS:
+                    # The reply to response headers depends on nothing (`Exchange.receive`).
+                    await write(_RESPONSE_HEADERS_CONTINUE)
+                    continue
                 try:
-                    replies = exchange.handle(request)
+                    replies = exchange.receive(data)
                 except Exception:
-                    replies = exchange.recover(request)
+                    # Undecodable bytes raise again here and end the stream with an error status.
+                    replies = exchange.recover(parse_message(data))
                 for reply in replies:
                     await write(reply)
-                exchange.after_reply()
+                if exchange.pending_parse:
+                    exchange.after_reply()
         finally:
             exchange.finish()
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        # No response serializer: replies are serialized already.
-        handlers = {
-            "Process": grpc.stream_stream_rpc_method_handler(
-                self.process, request_deserializer=pb.ProcessingRequest.FromString
-            )
-        }
+        # No serializers: requests are read from their bytes (`Exchange.receive`), replies are
+        # serialized already.
+        handlers = {"Process": grpc.stream_stream_rpc_method_handler(self.process)}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_registered_method_handlers(SERVICE, handlers)

@@ -58,6 +58,30 @@ def key_from_headers(headers: Mapping[str, str], extraction: KeyExtraction) -> K
     return None
 
 
+class HeaderKeys(dict[str, Key]):
+    """Header keys of recent requests by value, so that a key is hashed once, not on every
+    request of it: `get(value)`, else `add(value)`. At most `capacity` keys are kept; the memory
+    starts over when full, which costs a hash per key again and nothing else."""
+
+    def __init__(self, capacity: int = 16_384) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def add(self, value: str) -> Key:
+        if len(self) >= self.capacity:
+            self.clear()
+        key = self[value] = Key(affinity_key_hash(value), HEADER, value)
+        return key
+
+    def find(self, headers: Mapping[str, str], extraction: KeyExtraction) -> Key | None:
+        """`key_from_headers`, remembered."""
+        name = extraction.header
+        value = headers.get(name) if name else None
+        if not value:
+            return None
+        return self.get(value) or self.add(value)
+
+
 def session_key(headers: Mapping[str, str], extraction: KeyExtraction) -> Key | None:
     value = header_value(headers, extraction.session_header)
     if value is not None:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from cacheroute.router.endpoints import EndpointPool
+    from cacheroute.router.keys import Key
 
 PREFIX = "cacheroute_router"
 OTHER_KEY = "__other__"
@@ -218,11 +219,11 @@ class RouterMetrics:
         r.register(_KeyCollector(self.sketch, self.unkeyed))
         r.register(_EndpointCollector(pool))
 
-    def record_request(self, key: int | None, name: str | None, prompt_tokens: int, prefix_tokens: int) -> None:
+    def record_request(self, key: Key | None, prompt_tokens: int, prefix_tokens: int) -> None:
         if key is None:
             self.unkeyed.add(prompt_tokens)
         else:
-            self.sketch.add(key, prompt_tokens=prompt_tokens, prefix_tokens=prefix_tokens, name=name)
+            self.sketch.add(key.hash, prompt_tokens, prefix_tokens, key.name)
 
     def serve(self, host: str, port: int) -> WSGIServer:
         """Serve /metrics from a daemon thread; the server's address tells the port bound."""

@@ -41,6 +41,7 @@ from cacheroute.router.following import RoutedPrefixes
 from cacheroute.router.prompts import BLOCK_TOKENS
 from cacheroute.router.settings import KeyOverrides
 from cacheroute.router.table import RoutingTable, resolve_groups
+from cacheroute.router.wire import header_patterns
 
 NONE = "none"
 OUTCOMES = (PLANNED, SPILLED, P2C, FOLLOWED, NONE)
@@ -55,6 +56,7 @@ class Decision(NamedTuple):
 
 
 _NO_ENDPOINT = Decision(NONE, ())
+_new_decision = tuple.__new__
 
 
 class _View(NamedTuple):
@@ -128,7 +130,9 @@ class Picker:
         # routed prefixes while no plan says what its destinations hold.
         self._endpoint_kv_tokens = endpoint_kv_tokens
         self._prefixes = RoutedPrefixes(prefix_memory_blocks, pool.per_token) if follow_prefixes else None
-        self._view = self._make_view(RoutingTable.empty())
+        # Whether decisions want the prompt's prefix chain (`pick(..., chain=...)`).
+        self.follows_prefixes = follow_prefixes
+        self._set_view(RoutingTable.empty())
         pool.on_change(self.refresh)
         if self._prefixes is not None:
             self._prefixes.sync(pool.by_address)
@@ -166,15 +170,25 @@ class Picker:
         """Follow a new plan; the pool must already know its destinations."""
         if self._prefixes is not None:
             self._size_prefix_memory(table)
-        # One reference assignment: a decision sees either the old view or the new one.
-        self._view = self._make_view(table)
+        self._set_view(table)
 
     def refresh(self) -> None:
         """Re-resolve destinations after the endpoint membership changed."""
         if self._prefixes is not None:
             self._prefixes.sync(self.pool.by_address)
             self._size_prefix_memory(self._view.table)
-        self._view = self._make_view(self._view.table)
+        self._set_view(self._view.table)
+
+    def _set_view(self, table: RoutingTable) -> None:
+        view = self._make_view(table)
+        # What the exchange reads of the view before it picks, as plain attributes (it reads
+        # them for every request): the key's sources, the headers worth reading and how to find
+        # them in a message's bytes (`wire.py`).
+        self.key_extraction = view.key_extraction
+        self.wanted_headers = view.headers
+        self.header_patterns = header_patterns(view.headers)
+        # One reference assignment: a decision sees either the old view or the new one.
+        self._view = view
 
     def fleet_kv_tokens(self, table: RoutingTable) -> int:
         """What the fleet's KV caches hold: the plan's destinations' capacities, else every known
@@ -189,11 +203,6 @@ class Picker:
         self._prefixes.resize(memory_blocks(self.fleet_kv_tokens(table), BLOCK_TOKENS, self._prefix_limit))
 
     @property
-    def follows_prefixes(self) -> bool:
-        """Whether decisions want the prompt's prefix chain (`pick(..., chain=...)`)."""
-        return self._prefixes is not None
-
-    @property
     def prefix_memory_capacity(self) -> int:
         return self._prefixes.capacity if self._prefixes is not None else 0
 
@@ -206,14 +215,6 @@ class Picker:
         return self._view.table
 
     @property
-    def key_extraction(self) -> KeyExtraction:
-        return self._view.key_extraction
-
-    @property
-    def wanted_headers(self) -> frozenset[str]:
-        return self._view.headers
-
-    @property
     def spill_threshold(self) -> float:
         return self._view.spill_threshold
 
@@ -223,7 +224,6 @@ class Picker:
         self,
         key_hash: int | None,
         allowed: Collection[str] | None = None,
-        *,
         prompt_tokens: int = 0,
         chain: Sequence[int] = (),
     ) -> Decision:
@@ -258,14 +258,17 @@ class Picker:
             # Counted as p2c, key-seeded or not (the metric's documented outcomes).
             outcome = P2C
         charge = prefixes.settle(chain, chosen, prompt_tokens) if prefixes is not None else prompt_tokens
-        return self._with_fallbacks(outcome, chosen, planned or (), ready, charge if self.token_aware else 0)
+        if not self.token_aware:
+            charge = 0
+        if not self._fallbacks:
+            # tuple.__new__ builds the named tuple without the Python-level constructor.
+            return _new_decision(Decision, (outcome, (chosen,), charge))
+        return self._with_fallbacks(outcome, chosen, planned or (), ready, charge)
 
     def _with_fallbacks(
         self, outcome: str, primary: Endpoint, planned: tuple[Endpoint, ...], ready: tuple[Endpoint, ...],
         charge: int,
     ) -> Decision:
-        if not self._fallbacks:
-            return Decision(outcome, (primary,), charge)
         chosen = [primary]
         for e in planned:
             if e is not primary and e.ready and len(chosen) <= self._fallbacks:

@@ -92,7 +92,7 @@ class HeavyKeys:
         self._total_prefix = 0
         self._lock = threading.Lock()
 
-    def add(self, key: int, *, prompt_tokens: int = 0, prefix_tokens: int = 0, name: str | None = None) -> None:
+    def add(self, key: int, prompt_tokens: int = 0, prefix_tokens: int = 0, name: str | None = None) -> None:
         """Count one request of `key` with its token counts."""
         with self._lock:
             self._total_requests += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,34 +133,45 @@ def test_router_pod_has_picker_and_envoy_on_the_pod_ip_with_the_plan_mounted() -
     assert spec["serviceAccountName"] == "llama-router"
 
 
-def test_router_arguments_parse_with_the_router_commands_as_they_are() -> None:
-    """The args are what `cacheroute router serve|envoy` accept (the kubelet expands $(POD_IP))."""
+def as_in_pod(args: list[str], plan_mount: Path) -> list[str]:
+    """A router container's args as its process sees them: $(POD_IP) expanded by the kubelet,
+    the plan's ConfigMap mounted (at `plan_mount`, a directory of the test's)."""
+    return [a.replace("$(POD_IP)", "10.1.2.3").replace(router.PLAN_MOUNT, str(plan_mount)) for a in args]
+
+
+def test_router_arguments_parse_with_the_router_commands_as_they_are(tmp_path: Path) -> None:
+    """The args are what `cacheroute router serve|envoy` accept (the kubelet expands $(POD_IP),
+    and the plan's ConfigMap is mounted where the args say: here a directory of the test's)."""
     deployment = router.build_deployment(POOL, SPEC, CONFIG)
     command = typer.main.get_command(router_app)
+
+    def in_pod(args: list[str]) -> list[str]:
+        return as_in_pod(args, tmp_path)
+
     for container in pod_spec(deployment)["containers"]:
-        args = [a.replace("$(POD_IP)", "10.1.2.3") for a in container["args"]]
+        args = in_pod(container["args"])
         sub = command.commands[args[1]]  # type: ignore[attr-defined]
         ctx = sub.make_context(args[1], args[2:])
         assert ctx.params
-    serve = command.commands["serve"].make_context("serve", router.picker_args(POOL, SPEC, CONFIG)[2:])  # type: ignore[attr-defined]
+    serve = command.commands["serve"].make_context("serve", in_pod(router.picker_args(POOL, SPEC, CONFIG))[2:])  # type: ignore[attr-defined]
     assert serve.params["plan_dir"] is not None and serve.params["service"] == "llama"
     assert serve.params["session_header"] == "X-Session" and serve.params["prompt_prefix_chars"] == 256
     assert serve.params["fallbacks"] == 0
     assert serve.params["follow_prefixes"] is True and serve.params["prefix_memory_blocks"] == 262_144
     off = SPEC.model_copy(update={"router": SPEC.router.model_copy(update={"follow_prefixes": False,
                                                                           "prefix_memory_blocks": 1000})})
-    serve = command.commands["serve"].make_context("serve", router.picker_args(POOL, off, CONFIG)[2:])  # type: ignore[attr-defined]
+    serve = command.commands["serve"].make_context("serve", in_pod(router.picker_args(POOL, off, CONFIG))[2:])  # type: ignore[attr-defined]
     assert serve.params["follow_prefixes"] is False and serve.params["prefix_memory_blocks"] == 1000
 
 
-def test_the_router_is_told_what_one_replica_holds_once_the_memory_plan_is_decided() -> None:
+def test_the_router_is_told_what_one_replica_holds_once_the_memory_plan_is_decided(tmp_path: Path) -> None:
     """Without a plan (Shadow mode, before the first period) the router sizes its prefix memory from
     the replicas' KV, GPU and host tiers; while the memory plan is not decided it is not told."""
     command = typer.main.get_command(router_app)
 
     def served(objects: Any) -> dict[str, Any]:
         deployment = next(o for o in objects.apply if o["kind"] == "Deployment")
-        args = [a.replace("$(POD_IP)", "10.1.2.3") for a in pod_spec(deployment)["containers"][0]["args"]]
+        args = as_in_pod(pod_spec(deployment)["containers"][0]["args"], tmp_path)
         params: dict[str, Any] = command.commands["serve"].make_context("serve", args[2:]).params  # type: ignore[attr-defined]
         return params
 

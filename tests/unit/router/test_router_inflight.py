@@ -143,6 +143,13 @@ def check_totals(core: RouterCore, exchanges: dict[int, Exchange]) -> None:
         assert endpoint.in_flight == sum(1 for e in held if e is endpoint)
 
 
+class _Unkept(dict[tuple[str, str], bytes]):
+    """A reply cache that keeps nothing."""
+
+    def __setitem__(self, key: tuple[str, str], value: bytes) -> None:
+        pass
+
+
 def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]], monkeypatch: pytest.MonkeyPatch) -> None:
     exchanges: dict[int, Exchange] = {}
     picker = core.picker
@@ -165,6 +172,8 @@ def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]], monkeypat
 
     monkeypatch.setattr(picker, "pick", pick)
     monkeypatch.setattr(core, "route_response", route)
+    # Replies are built every time, so that the failure after acquire can strike any decision.
+    monkeypatch.setattr(core, "replies", _Unkept())
     swapped = False
     everything: list[Any] = []
     for target, step in script:
@@ -294,7 +303,7 @@ def test_a_message_that_raises_gets_the_fallback_and_is_counted(monkeypatch: pyt
     def broken(*_args: Any) -> Any:
         raise InjectedError("key extraction")
 
-    monkeypatch.setattr("cacheroute.router.keys.key_from_headers", broken)
+    monkeypatch.setattr("cacheroute.router.keys.HeaderKeys.add", broken)
     request = message(headers(eos=True))
     with pytest.raises(InjectedError):
         exchange.handle(request)

@@ -8,15 +8,17 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from cacheroute.router.endpoints import EndpointPool
+from cacheroute.router.keys import HEADER, Key
 from cacheroute.router.metrics import RouterMetrics
 
 
 def test_key_series_say_when_they_started_in_both_exposition_formats() -> None:
     metrics = RouterMetrics(EndpointPool(scraping=False), sketch_size=4, export_key_names=False)
     before = time.time()
-    metrics.record_request(0xABC, None, prompt_tokens=100, prefix_tokens=40)
-    metrics.record_request(0xABC, None, prompt_tokens=50, prefix_tokens=0)
-    metrics.record_request(None, None, prompt_tokens=10, prefix_tokens=0)
+    tenant = Key(0xABC, HEADER, None)
+    metrics.record_request(tenant, prompt_tokens=100, prefix_tokens=40)
+    metrics.record_request(tenant, prompt_tokens=50, prefix_tokens=0)
+    metrics.record_request(None, prompt_tokens=10, prefix_tokens=0)
     after = time.time()
     label = {"key": f"{0xABC:016x}"}
     sample = metrics.registry.get_sample_value
