@@ -10,8 +10,16 @@ total capacity alone, with no routing and no duplication:
   destinations takes room twice, and a destination's cache ages by its own traffic only.
 - `optimal_hit`: Belady's MIN on the same capacity (evict the block needed furthest in the
   future), every cached block counted: no eviction policy and no placement of blocks serves more.
-  The gap between the two is what a better eviction policy in the engine could win, and is out of
-  a router's reach.
+  The gap between the two is what a better eviction policy in the engine could win.
+
+A router does choose which requests each cache sees, and partitioned caches fed selectively can
+beat one shared LRU cache (blocks that are never used again can be sent where they evict nothing
+that is), so the first ceiling is not a proof. `routed_lru_hit` measures per-destination LRU
+caches under a given routing, with two routings no router can beat at that game:
+`key_sticky_routes` (every key always on the same destination: no prefix cached twice) and
+`oracle_admission_routes`, which knows the future: requests of keys that come back later go to
+destinations kept for them, the rest to `scratch` destinations where their blocks evict nothing
+anyone needs again. Neither looks at load; each reports how unevenly it spreads the prefill.
 
 Both replay the prompt blocks in arrival order with no time or concurrency (running requests
 would pin blocks and lower both figures), and weigh a hit by the tokens of its block; the first
@@ -22,7 +30,8 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -108,3 +117,89 @@ def optimal_hit(trace: RequestTrace, capacity_tokens: int, warmup_fraction: floa
         cache[b] = next_use[k]
         heapq.heappush(furthest, (-next_use[k], b))
     return hit / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class RoutedHit:
+    """Served hit of per-destination LRU caches under one routing, and how evenly that routing
+    spreads the work: prompt tokens each destination computes (not served from its cache)."""
+
+    hit: float
+    computed_tokens: tuple[int, ...]
+
+    @property
+    def imbalance(self) -> float:
+        """Most computed tokens on one destination over the mean (1.0: perfectly even)."""
+        mean = sum(self.computed_tokens) / len(self.computed_tokens) if self.computed_tokens else 0.0
+        return max(self.computed_tokens) / mean if mean else 1.0
+
+
+def routed_lru_hit(trace: RequestTrace, destination_of: Sequence[int], destinations: int,
+                   capacity_tokens: int, warmup_fraction: float = 0.1) -> RoutedHit:
+    """Per-destination LRU caches of `capacity_tokens` each, request i sent to `destination_of[i]`,
+    hits counted as the engines count them (module docstring)."""
+    capacity = _capacity_blocks(trace, capacity_tokens, warmup_fraction)
+    if len(destination_of) != len(trace):
+        raise ValueError(f"{len(destination_of)} destinations given for {len(trace)} requests")
+    if destinations < 1 or any(not 0 <= d < destinations for d in destination_of):
+        raise ValueError(f"every destination must be in [0, {destinations})")
+    caches: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(destinations)]
+    computed = [0] * destinations
+    bs = trace.block_size
+    offsets = trace.block_offsets.tolist()
+    ids = trace.block_ids.tolist()
+    tokens = trace.input_tokens.tolist()
+    order = np.argsort(trace.arrival_s, kind="stable").tolist()
+    warm = int(warmup_fraction * len(order))
+    hit = total = 0
+    for rank, i in enumerate(order):
+        d = destination_of[i]
+        cache = caches[d]
+        served = 0
+        leading = True
+        for j in range(offsets[i], offsets[i + 1]):
+            b = ids[j]
+            if b in cache:
+                cache.move_to_end(b)
+                if leading:
+                    served += min(bs, tokens[i] - (j - offsets[i]) * bs)
+                continue
+            leading = False
+            if capacity:
+                cache[b] = None
+                if len(cache) > capacity:
+                    cache.popitem(last=False)
+        if rank >= warm:
+            hit += served
+            total += tokens[i]
+            computed[d] += tokens[i] - served
+    return RoutedHit(hit / total if total else 0.0, tuple(computed))
+
+
+def _spread(key: int, request: int, n: int) -> int:
+    """A destination in [0, n) for a key (keyless requests by their index), well mixed."""
+    x = (key if key >= 0 else request) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+    return (x >> 32) % n
+
+
+def key_sticky_routes(trace: RequestTrace, destinations: int) -> list[int]:
+    """Every request of a key on one destination, keys spread by a hash."""
+    keys = trace.key.tolist()
+    return [_spread(k, i, destinations) for i, k in enumerate(keys)]
+
+
+def oracle_admission_routes(trace: RequestTrace, destinations: int, scratch: int) -> list[int]:
+    """Key-sticky over the first `destinations - scratch` destinations for requests whose key
+    comes back later in the trace; the others key-sticky over the last `scratch` ones."""
+    if not 0 < scratch < destinations:
+        raise ValueError(f"scratch destinations must be in (0, {destinations}), got {scratch}")
+    kept = destinations - scratch
+    keys = trace.key.tolist()
+    order = np.argsort(trace.arrival_s, kind="stable").tolist()
+    comes_back = [False] * len(keys)
+    seen: set[int] = set()
+    for i in reversed(order):
+        k = keys[i]
+        comes_back[i] = k >= 0 and k in seen
+        seen.add(k)
+    return [_spread(k, i, kept) if comes_back[i] else kept + _spread(k, i, scratch) for i, k in enumerate(keys)]

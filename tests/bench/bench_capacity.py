@@ -19,11 +19,15 @@ in the same run.
    tier auto, the chosen max-num-batched-tokens, `--kv-cache-memory-bytes` from the plan) with
    CacheRoute, against vLLM's defaults (`--gpu-memory-utilization 0.9`,
    `--max-num-batched-tokens 8192`, bf16 KV, no host tier) with p2c (target 2.3x, served KV hit
-   >= 80 %); the bf16-KV operator configuration, and p2c and Preble on the operator's engine, too.
+   >= 80 %); the bf16-KV operator configuration, and p2c and Preble on the operator's engine, too;
+   and the ceiling of any router on the operator's engine: CacheRoute with one ideal cache shared
+   by every destination (every prefix computed anywhere hits), so only balance is left to routing.
 4. `mnbt`: served capacity of the operator's engine at each max-num-batched-tokens candidate, with
    the KV capacity the memory plan leaves at that value (issue 17 item 4).
 5. `bound`: the ceilings of served KV hit on each of those engines, whatever the routing: one LRU
-   cache as large as the whole fleet's KV, and Belady's MIN on it (`replay/bound.py`).
+   cache as large as the whole fleet's KV, and Belady's MIN on it; and on the GPU-only engine,
+   per-destination LRU caches under key-sticky routing and under a routing that knows which keys
+   come back (`replay/bound.py`).
 6. `traces`: every Mooncake trace of the shared folder, 8 destinations, key = first 4 blocks, SLO
    twice the p99 TTFT of an almost idle fleet (as `bench_replay.py`): CacheRoute against the best
    baseline (target 1.00x), and with its guard.
@@ -53,7 +57,13 @@ from cacheroute.planner.memory.gpus import GIB, H100_80GB
 from cacheroute.planner.memory.memory_plan import MemoryPlan
 from cacheroute.planner.memory.request import DEFAULT_MNBT_CANDIDATES, PlanRequest
 from cacheroute.planner.mooncake import read_mooncake
-from cacheroute.planner.replay.bound import optimal_hit, unified_lru_hit
+from cacheroute.planner.replay.bound import (
+    key_sticky_routes,
+    optimal_hit,
+    oracle_admission_routes,
+    routed_lru_hit,
+    unified_lru_hit,
+)
 from cacheroute.planner.replay.capacity import CapacityResult, base_qps, find_capacity, replay_at
 from cacheroute.planner.replay.hardware import (
     H100_80GB_GIB,
@@ -83,6 +93,8 @@ QUICK_WINDOW_S = 900.0
 NODE_MEMORY_BYTES = 2048 * GIB
 # Per-request routers: no plan, decisions from the request and momentary state only.
 PER_REQUEST = ("p2c", "key-p2c", "least-loaded", "chwbl", "prefix-tree", "gie-prefix", "preble")
+# Scratch destinations of the oracle admission routing (`bench_routed_bound`).
+ORACLE_SCRATCH = (3, 6, 10)
 SECTIONS = ("paper", "ablation", "product", "mnbt", "bound", "traces", "low-reuse")
 
 
@@ -260,10 +272,20 @@ def bench_product(trace: RequestTrace) -> dict[str, Any]:
     r = ratio(res["operator (fp8 KV) + CacheRoute"]["capacity_qps"], base)
     hit = res["operator (fp8 KV) + CacheRoute"]["kv_hit"] or 0.0
     log(f"    operator + CacheRoute / vLLM defaults + p2c = {r:.3f} (target 2.3), served KV hit {hit:.1%} (target 80%)")
+    t0 = time.perf_counter()
+    ideal = find_capacity(trace, lambda: make_policy("cacheroute"),
+                          ReplayConfig(destinations=PAPER_DESTINATIONS, profile=ours, ideal_cache=True),
+                          slo_p99_ttft_s=SLO)
+    ceiling = ratio(ideal.qps, base)
+    log(f"    ceiling: CacheRoute with one ideal cache on the operator's engine {ideal.qps:.2f} QPS "
+        f"({ideal.best.kv_hit if ideal.best else 0.0:.1%} served), {ceiling:.3f}x vLLM defaults + p2c "
+        f"({time.perf_counter() - t0:.0f}s)")
     return {"engines": {e.name: {"kv_capacity_tokens": e.kv_capacity_tokens, "host_kv_capacity_tokens":
                                  e.host_kv_capacity_tokens, "max_num_batched_tokens": e.max_num_batched_tokens}
                         for e in (default, ours, ours_bf16)},
             "policies": res, "check": check(r, 2.3), "kv_hit_check": check(hit, 0.80),
+            "ideal_cache_ceiling": {"capacity_qps": ideal.qps, "ratio": ceiling,
+                                    "kv_hit": ideal.best.kv_hit if ideal.best else None},
             "bf16_ratio": ratio(res["operator (bf16 KV) + CacheRoute"]["capacity_qps"], base)}
 
 
@@ -323,6 +345,24 @@ def bench_bound(trace: RequestTrace) -> dict[str, Any]:
         log(f"[bound] {name}: fleet KV {fleet:,} tokens: one LRU cache {lru:.1%}, Belady MIN {best:.1%} "
             f"({time.perf_counter() - t0:.0f}s)")
         out[name] = {"engine": e.name, "fleet_kv_tokens": fleet, "unified_lru_hit": lru, "optimal_hit": best}
+    out["gpu"]["routed"] = bench_routed_bound(trace, engines["gpu"])
+    return out
+
+
+def bench_routed_bound(trace: RequestTrace, engine: EngineProfile) -> dict[str, Any]:
+    """Per-destination LRU caches under routings that ignore load, one of them knowing the
+    future (`replay/bound.py`): what routing alone could serve from cache on this engine."""
+    capacity = engine.kv_capacity_tokens
+    routings: dict[str, list[int]] = {"key-sticky": key_sticky_routes(trace, PAPER_DESTINATIONS)}
+    for scratch in ORACLE_SCRATCH:
+        routings[f"oracle admission, {scratch} scratch"] = oracle_admission_routes(trace, PAPER_DESTINATIONS, scratch)
+    out: dict[str, Any] = {}
+    for label, routes in routings.items():
+        t0 = time.perf_counter()
+        r = routed_lru_hit(trace, routes, PAPER_DESTINATIONS, capacity)
+        log(f"[bound] gpu, routed {label}: {r.hit:.1%} served, most prefill on one destination "
+            f"{r.imbalance:.2f}x the mean ({time.perf_counter() - t0:.0f}s)")
+        out[label] = {"hit": r.hit, "prefill_max_over_mean": r.imbalance}
     return out
 
 

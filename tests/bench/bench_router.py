@@ -17,7 +17,7 @@ the Go module cache) into `~/.cache/cacheroute/bin/loadgen-<hash of its sources>
    does), each sending what Envoy sends with the gateway's processing mode (request headers with
    the key header, then response headers, then the half-close) and waiting for the status.
    Baseline in the same run: a grpc.aio servicer answering every message with a constant, built
-   like the router's (the ceiling of any Python ext_proc server here). Three interleaved runs per
+   like the router's (the ceiling of any Python ext_proc server here). Five interleaved runs per
    server after a warm-up; medians, server CPU per stream, and the router/baseline ratio.
 3. Latency added through Envoy at 250, 500 and 1,000 requests/s (target <= 1 ms at p99 at
    1,000/s): the same Envoy setup without ext_proc, with ext_proc to the constant servicer, and
@@ -71,7 +71,7 @@ DECISIONS = 100_000
 GRPC_STREAMS = 20_000
 GRPC_SECONDS = 5.0
 GRPC_CONCURRENCY = 64
-GRPC_RUNS = 3
+GRPC_RUNS = 5
 GRPC_WARMUP = 1_000
 RATES = (250.0, 500.0, 1000.0)
 ROUND_SECONDS = 2.0
@@ -347,6 +347,12 @@ def bench_grpc(loadgen: LoadGen, servers: dict[str, tuple[str, int]]) -> dict[st
         if name != baseline and baseline in out:
             ratio = out[name]["median_per_second"] / out[baseline]["median_per_second"]
             out[name]["ratio_to_constant_servicer"] = round(ratio, 2)
+            # Run k of the router against run k of its baseline, next to it in time: the machine's
+            # drift between runs moves both alike.
+            pairwise = [r["streams_per_second"] / b["streams_per_second"]
+                        for r, b in zip(runs[name], runs[baseline], strict=True)]
+            out[name]["pairwise_ratios"] = [round(x, 3) for x in pairwise]
+            out[name]["median_pairwise_ratio"] = round(float(np.median(pairwise)), 3)
     return out
 
 
@@ -589,10 +595,13 @@ def main() -> None:
             for name in servers:
                 row = grpc_result[name]
                 ratio = row.get("ratio_to_constant_servicer")
+                pairs = row.get("pairwise_ratios")
                 print(f"    {name:25s} median {row['median_per_second']:7.0f} streams/s, server CPU "
                       f"{row['median_server_cpu_us_per_stream']:6.1f} us/stream, decision p50 "
                       f"{row['median_decision_p50_ms']} ms p99 {row['median_decision_p99_ms']} ms, "
-                      f"{row['errors']} errors" + (f", {ratio}x its constant servicer" if ratio else ""))
+                      f"{row['errors']} errors" + (f", {ratio}x its constant servicer (run by run: median "
+                                                   f"{row['median_pairwise_ratio']}x, {min(pairs)}-{max(pairs)})"
+                                                   if ratio and pairs else ""))
             print("    (target >= 3,000 decisions/s; a constant servicer is the ceiling of grpc.aio on its loop)")
             print(f"3/3 latency through Envoy at {', '.join(str(int(r)) for r in RATES)} requests/s, {ROUNDS} "
                   f"interleaved rounds of {ROUND_SECONDS:.0f} s per variant, open loop, event loop {default_loop} "

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheroute.planner.replay.bound import optimal_hit, unified_lru_hit
+from cacheroute.planner.replay.bound import (
+    key_sticky_routes,
+    optimal_hit,
+    oracle_admission_routes,
+    routed_lru_hit,
+    unified_lru_hit,
+)
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 
 BS = 4
@@ -79,3 +85,51 @@ def test_min_is_never_below_lru_and_more_cache_never_hurts_min(prompts: list[lis
     best = optimal_hit(t, blocks * BS, warmup_fraction=0.0)
     assert best >= lru - 1e-12
     assert optimal_hit(t, (blocks + 1) * BS, warmup_fraction=0.0) >= best - 1e-12
+
+
+def keyed(prompts: Sequence[Sequence[int]], keys: Sequence[int]) -> RequestTrace:
+    t = trace(prompts)
+    return RequestTrace(
+        arrival_s=t.arrival_s, key=np.array(keys, dtype=np.int64), input_tokens=t.input_tokens,
+        output_tokens=t.output_tokens, block_offsets=t.block_offsets, block_ids=t.block_ids, block_size=BS,
+        key_names=tuple(f"k{i}" for i in range(max(keys) + 1)),
+    )
+
+
+def test_routing_one_time_prompts_elsewhere_beats_one_shared_lru_cache() -> None:
+    # A hot prompt between scans of prompts seen once: one cache of four blocks loses the hot
+    # prompt to the scans; two caches of two keep it when the scans go to the other one.
+    prompts = [[1, 2], [10, 11], [12, 13], [1, 2], [14, 15], [16, 17], [1, 2]]
+    t = keyed(prompts, [0, 1, 2, 0, 3, 4, 0])
+    assert unified_lru_hit(t, 4 * BS, warmup_fraction=0.0) == 0.0
+    routed = routed_lru_hit(t, [0, 1, 1, 0, 1, 1, 0], 2, 2 * BS, warmup_fraction=0.0)
+    assert routed.hit == pytest.approx(4 / 14)
+    # The price: the destination taking the scans computes four times the other's tokens.
+    assert routed.computed_tokens == (2 * BS, 8 * BS)
+    assert routed.imbalance == pytest.approx(1.6)
+
+
+def test_the_oracle_sends_a_keys_last_request_to_scratch() -> None:
+    t = keyed([[1], [2], [1], [3]], [0, 1, 0, 2])
+    routes = oracle_admission_routes(t, 4, scratch=1)
+    assert routes[0] < 3 and routes[1] == routes[2] == routes[3] == 3
+    assert key_sticky_routes(t, 4)[0] == key_sticky_routes(t, 4)[2]
+
+
+def test_routed_bound_refuses_routes_that_do_not_fit() -> None:
+    t = keyed([[1], [2]], [0, 1])
+    with pytest.raises(ValueError, match="destinations given"):
+        routed_lru_hit(t, [0], 2, BS)
+    with pytest.raises(ValueError, match="must be in"):
+        routed_lru_hit(t, [0, 2], 2, BS)
+    with pytest.raises(ValueError, match="scratch"):
+        oracle_admission_routes(t, 2, scratch=2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=5, unique=True), min_size=1, max_size=30),
+       st.integers(1, 10))
+def test_one_destination_is_one_lru_cache(prompts: list[list[int]], blocks: int) -> None:
+    t = trace(prompts)
+    routed = routed_lru_hit(t, [0] * len(prompts), 1, blocks * BS, warmup_fraction=0.0)
+    assert routed.hit == pytest.approx(unified_lru_hit(t, blocks * BS, warmup_fraction=0.0))
