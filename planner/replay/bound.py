@@ -61,25 +61,7 @@ def _capacity_blocks(trace: RequestTrace, capacity_tokens: int, warmup_fraction:
 
 def unified_lru_hit(trace: RequestTrace, capacity_tokens: int, warmup_fraction: float = 0.1) -> float:
     """Token-weighted prefix hit of one LRU cache of `capacity_tokens` (module docstring)."""
-    capacity = _capacity_blocks(trace, capacity_tokens, warmup_fraction)
-    cache: OrderedDict[int, None] = OrderedDict()
-    hit = total = 0
-    leading = True
-    for b, t, counted, first in _references(trace, warmup_fraction):
-        leading = leading or first
-        if counted:
-            total += t
-        if b in cache:
-            cache.move_to_end(b)
-            if leading and counted:
-                hit += t
-            continue
-        leading = False
-        if capacity:
-            cache[b] = None
-            if len(cache) > capacity:
-                cache.popitem(last=False)
-    return hit / total if total else 0.0
+    return routed_lru_hit(trace, [0] * len(trace), 1, capacity_tokens, warmup_fraction).hit
 
 
 def optimal_hit(trace: RequestTrace, capacity_tokens: int, warmup_fraction: float = 0.1) -> float:

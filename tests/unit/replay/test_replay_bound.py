@@ -126,10 +126,16 @@ def test_routed_bound_refuses_routes_that_do_not_fit() -> None:
         oracle_admission_routes(t, 2, scratch=2)
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=5, unique=True), min_size=1, max_size=30),
-       st.integers(1, 10))
-def test_one_destination_is_one_lru_cache(prompts: list[list[int]], blocks: int) -> None:
-    t = trace(prompts)
-    routed = routed_lru_hit(t, [0] * len(prompts), 1, blocks * BS, warmup_fraction=0.0)
-    assert routed.hit == pytest.approx(unified_lru_hit(t, blocks * BS, warmup_fraction=0.0))
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 12), min_size=1, max_size=5, unique=True), st.integers(0, 2)),
+                min_size=1, max_size=30),
+       st.integers(0, 8))
+def test_a_larger_lru_cache_never_serves_less_under_any_routing(requests: list[tuple[list[int], int]],
+                                                                 blocks: int) -> None:
+    # LRU is a stack algorithm: a larger cache holds everything a smaller one holds, at all times.
+    t = trace([p for p, _ in requests])
+    routes = [d for _, d in requests]
+    small = routed_lru_hit(t, routes, 3, blocks * BS, warmup_fraction=0.0)
+    large = routed_lru_hit(t, routes, 3, (blocks + 1) * BS, warmup_fraction=0.0)
+    assert large.hit >= small.hit - 1e-12
+    assert sum(large.computed_tokens) <= sum(small.computed_tokens)
