@@ -312,7 +312,7 @@ class Exchange:
         if length.isdigit() and len(length) <= _MAX_CONTENT_LENGTH_DIGITS and length.isascii():
             size = int(length)
             self.content_length = size if size <= MAX_CONTENT_LENGTH else 0
-        # `HeaderKeys.find`, inline: the key header's value, its hash remembered.
+        # `key_from_headers`, with the key's hash remembered (`HeaderKeys`).
         name = extraction.header
         value = headers.get(name) if name else None
         key = None

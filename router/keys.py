@@ -73,14 +73,6 @@ class HeaderKeys(dict[str, Key]):
         key = self[value] = Key(affinity_key_hash(value), HEADER, value)
         return key
 
-    def find(self, headers: Mapping[str, str], extraction: KeyExtraction) -> Key | None:
-        """`key_from_headers`, remembered."""
-        name = extraction.header
-        value = headers.get(name) if name else None
-        if not value:
-            return None
-        return self.get(value) or self.add(value)
-
 
 def session_key(headers: Mapping[str, str], extraction: KeyExtraction) -> Key | None:
     value = header_value(headers, extraction.session_header)

@@ -6,6 +6,7 @@ import json
 
 from cacheroute.planner.plan import KeyExtraction, affinity_key_hash
 from cacheroute.router import keys
+from cacheroute.router.keys import HEADER, HeaderKeys, Key
 from cacheroute.router.settings import KeyOverrides
 
 DEFAULT = KeyExtraction()
@@ -99,3 +100,14 @@ def test_flags_override_the_plan_and_can_switch_sources_off() -> None:
     overridden = KeyOverrides(header="x-key", body_field="", session_header="", prompt_prefix_chars=0).apply(plan)
     assert overridden == KeyExtraction("x-key", None, None, 0)
     assert not keys.wants_body(overridden)
+
+
+def test_header_keys_hash_as_the_planner_does_and_start_over_when_full() -> None:
+    keys = HeaderKeys(capacity=2)
+    first = keys.add("tenant-1")
+    assert first == Key(affinity_key_hash("tenant-1"), HEADER, "tenant-1")
+    assert keys.get("tenant-1") is first
+    keys.add("tenant-2")
+    keys.add("tenant-3")  # full: the memory starts over with this key alone
+    assert list(keys) == ["tenant-3"]
+    assert keys.get("tenant-1") is None
