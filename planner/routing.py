@@ -225,11 +225,8 @@ class RoutingRule(Generic[D]):
 
     def least_loaded(self, planned: Sequence[D], key_hash: int, is_usable: Callable[[D], bool] | None) -> D | None:
         """The usable destination of `planned` with the least load; ties go to the first at or
-        after `key_hash % len(planned)`."""
+        after `key_hash % len(planned)`. (`choose` takes a single planned destination without it.)"""
         n = len(planned)
-        if n == 1:
-            only = planned[0]
-            return only if is_usable is None or is_usable(only) else None
         load = self._load
         best: D | None = None
         best_load = 0.0

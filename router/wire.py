@@ -70,7 +70,7 @@ WireHeaders = tuple[bool, tuple[int, int] | None, dict[str, bytes]]
 
 
 def header_patterns(names: Collection[str]) -> Patterns | None:
-    """What `header_values` searches for; None when a name cannot be searched this way (empty,
+    """What `read_request_headers` searches for; None when a name cannot be searched this way (empty,
     128 bytes or longer, or holding anything but printable ASCII)."""
     out = []
     for name in sorted(names):

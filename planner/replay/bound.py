@@ -38,9 +38,8 @@ import numpy as np
 from cacheroute.planner.trace import RequestTrace
 
 
-def _references(trace: RequestTrace, warmup_fraction: float) -> Iterator[tuple[int, int, bool, bool]]:
-    """Every prompt block in arrival order: (block id, its tokens, whether it is counted, whether
-    it starts its prompt)."""
+def _references(trace: RequestTrace, warmup_fraction: float) -> Iterator[tuple[int, int, bool]]:
+    """Every prompt block in arrival order: (block id, its tokens, whether it is counted)."""
     bs = trace.block_size
     order = np.argsort(trace.arrival_s, kind="stable").tolist()
     warm = int(warmup_fraction * len(order))
@@ -48,7 +47,7 @@ def _references(trace: RequestTrace, warmup_fraction: float) -> Iterator[tuple[i
         tokens = int(trace.input_tokens[i])
         counted = rank >= warm
         for j, b in enumerate(trace.blocks(i).tolist()):
-            yield b, max(0, min(bs, tokens - j * bs)), counted, j == 0
+            yield b, max(0, min(bs, tokens - j * bs)), counted
 
 
 def _capacity_blocks(trace: RequestTrace, capacity_tokens: int, warmup_fraction: float) -> int:
@@ -70,7 +69,7 @@ def optimal_hit(trace: RequestTrace, capacity_tokens: int, warmup_fraction: floa
     refs: list[int] = []
     weights: list[int] = []
     counted: list[bool] = []
-    for b, t, c, _ in _references(trace, warmup_fraction):
+    for b, t, c in _references(trace, warmup_fraction):
         refs.append(b)
         weights.append(t)
         counted.append(c)
@@ -144,7 +143,7 @@ def routed_lru_hit(trace: RequestTrace, destination_of: Sequence[int], destinati
             if b in cache:
                 cache.move_to_end(b)
                 if leading:
-                    served += min(bs, tokens[i] - (j - offsets[i]) * bs)
+                    served += max(0, min(bs, tokens[i] - (j - offsets[i]) * bs))
                 continue
             leading = False
             if capacity:
