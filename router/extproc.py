@@ -423,12 +423,12 @@ class Exchange:
             # Only a fallback after a failed message decides twice; the first endpoint goes back.
             core.pool.release(self.endpoint, self.charge)
             self.endpoint = None
-        self.decided = True
         self.outcome = decision.outcome
         metrics = core.metrics
         metrics.decisions[decision.outcome] += 1
         if decision.outcome == NONE:
             metrics.decision_seconds.observe(time.perf_counter() - started)
+            self.decided = True
             return _NO_ENDPOINT
         endpoints = decision.endpoints
         primary = endpoints[0]
@@ -438,6 +438,9 @@ class Exchange:
         value = primary.address if len(endpoints) == 1 else ",".join(e.address for e in endpoints)
         response = core.replies.get((phase, value)) or core.route_response(phase, value)
         metrics.decision_seconds.observe(time.perf_counter() - started)
+        # Decided once the reply exists: a failure before this point is answered by `recover` with
+        # the fallback decision (this endpoint goes back), not passed through without a destination.
+        self.decided = True
         return response
 
     def recover(self, req: pb.ProcessingRequest) -> list[Reply]:

@@ -119,7 +119,7 @@ def read_request_headers(data: bytes, at: int, patterns: Patterns) -> WireHeader
             modes = _TAILS.get(data[:at], _UNKNOWN) if headers_end == len(data) else _UNKNOWN
         else:
             modes = _TAILS.get(data[headers_end:], _UNKNOWN)
-        if modes is _UNKNOWN:
+        if modes == _UNKNOWN:
             return None
         if size == 0 or data[i] != _FIELD_1:
             start = end = i  # no header map: no headers

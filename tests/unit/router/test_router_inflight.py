@@ -15,7 +15,7 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cacheroute.planner.plan import Destination, KeyExtraction, affinity_key_hash, plan_from_routes
@@ -125,7 +125,8 @@ events = st.lists(
     st.one_of(
         st.tuples(st.integers(0, 3), stream_steps),
         st.tuples(st.integers(0, 3), st.just(("end",))),
-        st.tuples(st.just(-1), st.sampled_from([("flap", 0), ("flap", 1), ("flap", 2), ("swap",), ("fail",)])),
+        st.tuples(st.just(-1), st.sampled_from([("flap", 0), ("flap", 1), ("flap", 2), ("swap",), ("fail",),
+                                                ("fail-late",)])),
     ),
     max_size=40,
 )
@@ -143,37 +144,49 @@ def check_totals(core: RouterCore, exchanges: dict[int, Exchange]) -> None:
         assert endpoint.in_flight == sum(1 for e in held if e is endpoint)
 
 
-class _Unkept(dict[tuple[str, str], bytes]):
-    """A reply cache that keeps nothing."""
+class _Armed:
+    """Failures the test injects: "fail" strikes while a decision is counted (after the pick,
+    before the endpoint is acquired), "fail-late" while its reply is kept (after the acquire).
+    Each strikes once. They go through the core's collaborators, not its methods, so the same
+    test drives the compiled router (setup.py) and the plain Python one."""
+
+    def __init__(self) -> None:
+        self.early = False
+        self.late = False
+
+
+class _CountsThatFail(dict[str, int]):
+    def __init__(self, counts: dict[str, int], armed: _Armed) -> None:
+        super().__init__(counts)
+        self.armed = armed
+
+    def __setitem__(self, key: str, value: int) -> None:
+        if self.armed.early:
+            self.armed.early = False
+            raise InjectedError("counting the decision")
+        super().__setitem__(key, value)
+
+
+class _RepliesThatFail(dict[tuple[str, str], bytes]):
+    """A reply cache that keeps nothing (every decision builds its reply, so a late failure can
+    strike any of them) and fails when armed."""
+
+    def __init__(self, armed: _Armed) -> None:
+        super().__init__()
+        self.armed = armed
 
     def __setitem__(self, key: tuple[str, str], value: bytes) -> None:
-        pass
+        if self.armed.late:
+            self.armed.late = False
+            raise InjectedError("keeping the reply")
 
 
-def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]], monkeypatch: pytest.MonkeyPatch) -> None:
+def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]]) -> _Armed:
     exchanges: dict[int, Exchange] = {}
     picker = core.picker
-    failures = {"armed": False}
-    real_pick = picker.pick
-    real_route = core.route_response
-
-    def pick(*args: Any, **kwargs: Any) -> Any:
-        if failures["armed"]:
-            failures["armed"] = False
-            raise InjectedError("pick")
-        return real_pick(*args, **kwargs)
-
-    def route(*args: Any) -> Any:
-        # Fails after the endpoint was acquired: the fallback must not leak it.
-        if failures["armed"]:
-            failures["armed"] = False
-            raise InjectedError("route")
-        return real_route(*args)
-
-    monkeypatch.setattr(picker, "pick", pick)
-    monkeypatch.setattr(core, "route_response", route)
-    # Replies are built every time, so that the failure after acquire can strike any decision.
-    monkeypatch.setattr(core, "replies", _Unkept())
+    armed = _Armed()
+    core.metrics.decisions = _CountsThatFail(core.metrics.decisions, armed)
+    core.replies = _RepliesThatFail(armed)
     swapped = False
     everything: list[Any] = []
     for target, step in script:
@@ -187,8 +200,10 @@ def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]], monkeypat
                 for endpoint in core.pool.by_address.values():
                     if not endpoint.scraped:
                         core.pool.record_scrape(endpoint, ok=True)
+            elif step[0] == "fail":
+                armed.early = True
             else:
-                failures["armed"] = True
+                armed.late = True
         elif step[0] == "end":
             exchange = exchanges.pop(target, None)
             if exchange is not None:
@@ -199,7 +214,14 @@ def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]], monkeypat
             try:
                 replies = exchange.handle(request)
             except Exception:
-                replies = exchange.recover(request)
+                try:
+                    replies = exchange.recover(request)
+                except InjectedError:
+                    # The fallback failed too: the stream ends with an error status, and its end
+                    # gives back what it holds (`ExternalProcessor.process`).
+                    exchanges.pop(target).finish()
+                    check_totals(core, exchanges)
+                    continue
             everything.extend(replies)
             exchange.after_reply()
         check_totals(core, exchanges)
@@ -211,15 +233,13 @@ def drive(core: RouterCore, script: list[tuple[int, tuple[Any, ...]]], monkeypat
     assert core.pool.in_flight_ready == 0
     for reply in everything:
         pb.ProcessingResponse.FromString(reply)
+    return armed
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None)
 @given(script=events)
-def test_in_flight_returns_to_zero_whatever_the_messages(
-    script: list[tuple[int, tuple[Any, ...]]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with monkeypatch.context() as patch:
-        drive(make_core(), script, patch)
+def test_in_flight_returns_to_zero_whatever_the_messages(script: list[tuple[int, tuple[Any, ...]]]) -> None:
+    drive(make_core(), script)
 
 
 def headers(key: str | None = "alice", eos: bool = False, mode: int = Mode.BUFFERED) -> tuple[Any, ...]:
@@ -233,16 +253,16 @@ def headers(key: str | None = "alice", eos: bool = False, mode: int = Mode.BUFFE
         [(0, ("body", "json", 10, True, "bob")), (0, headers(eos=True))],
         [(0, headers()), (0, ("body", "json", 10, True, "bob")), (0, headers(eos=True)), (0, ("trailers",))],
         [(0, headers(mode=Mode.FULL_DUPLEX_STREAMED)), (0, ("body", "raw", 300, False, None)), (0, headers())],
-        [(-1, ("fail",)), (0, headers(eos=True)), (-1, ("fail",)), (0, headers(eos=True))],
-        [(0, headers()), (-1, ("fail",)), (0, ("body", "json", 10, True, "carol"))],
+        [(-1, ("fail",)), (0, headers(eos=True)), (-1, ("fail",)), (1, headers(eos=True))],
+        [(-1, ("fail-late",)), (0, headers(eos=True)), (-1, ("fail-late",)), (1, headers(key=None, eos=True))],
+        [(0, headers(key=None)), (-1, ("fail-late",)), (0, ("body", "json", 10, True, "carol"))],
     ],
     ids=["three request_headers", "body before headers", "headers body headers", "full duplex then headers",
-         "failed decisions", "failure after acquire"],
+         "failed decisions", "failures after acquire", "failure after acquire, on the body"],
 )
-def test_known_orders_release_exactly_once(script: list[tuple[int, tuple[Any, ...]]],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    core = make_core()
-    drive(core, script, monkeypatch)
+def test_known_orders_release_exactly_once(script: list[tuple[int, tuple[Any, ...]]]) -> None:
+    armed = drive(make_core(), script)
+    assert not armed.early and not armed.late, "every injected failure struck a decision"
 
 
 def test_a_second_request_headers_does_not_decide_again() -> None:
@@ -311,5 +331,27 @@ def test_a_message_that_raises_gets_the_fallback_and_is_counted(monkeypatch: pyt
     assert reply.request_headers.response.header_mutation.set_headers[0].header.raw_value
     assert core.metrics.stream_errors["handled"] == 1
     assert core.metrics.decisions["p2c"] == 1
+    exchange.finish()
+    assert all(e.in_flight == 0 for e in core.pool.by_address.values())
+
+
+def test_a_failure_after_the_endpoint_is_taken_still_routes_the_request() -> None:
+    """The reply fails to build once the endpoint is acquired: the request is still sent somewhere
+    (the fallback decision, with its destination header), and only that endpoint stays taken."""
+    core = make_core()
+    armed = _Armed()
+    core.replies = _RepliesThatFail(armed)
+    armed.late = True
+    exchange = Exchange(core)
+    request = message(headers(eos=True))
+    with pytest.raises(InjectedError):
+        exchange.handle(request)
+    [raw] = exchange.recover(request)
+    reply = pb.ProcessingResponse.FromString(raw)
+    [header] = reply.request_headers.response.header_mutation.set_headers
+    assert header.header.key == "x-gateway-destination-endpoint"
+    assert exchange.endpoint is not None
+    assert header.header.raw_value.decode() == exchange.endpoint.address
+    assert sum(e.in_flight for e in core.pool.by_address.values()) == 1
     exchange.finish()
     assert all(e.in_flight == 0 for e in core.pool.by_address.values())
