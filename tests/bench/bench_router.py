@@ -17,7 +17,10 @@ the Go module cache) into `~/.cache/cacheroute/bin/loadgen-<hash of its sources>
    does), each sending what Envoy sends with the gateway's processing mode (request headers with
    the key header, then response headers, then the half-close) and waiting for the status.
    Baseline in the same run: a grpc.aio servicer answering every message with a constant, built
-   like the router's (the ceiling of any Python ext_proc server here). Five interleaved runs per
+   like the router's (the ceiling of any Python ext_proc server here). Then, because streams per
+   second on a small shared machine move by tens of percent between runs, each server runs once
+   more under callgrind (valgrind) for 2,000 streams: instructions per stream, a figure the
+   machine's other load does not change, and the same ratio from it. Five interleaved runs per
    server after a warm-up; medians, server CPU per stream, and the router/baseline ratio.
 3. Latency added through Envoy at 250, 500 and 1,000 requests/s (target <= 1 ms at p99 at
    1,000/s): the same Envoy setup without ext_proc, with ext_proc to the constant servicer, and
@@ -73,6 +76,8 @@ GRPC_SECONDS = 5.0
 GRPC_CONCURRENCY = 64
 GRPC_RUNS = 5
 GRPC_WARMUP = 1_000
+INSTRUCTION_STREAMS = 2_000
+INSTRUCTION_WARMUP = 200
 RATES = (250.0, 500.0, 1000.0)
 ROUND_SECONDS = 2.0
 ROUNDS = 2
@@ -356,6 +361,51 @@ def bench_grpc(loadgen: LoadGen, servers: dict[str, tuple[str, int]]) -> dict[st
     return out
 
 
+def bench_instructions(
+    loadgen: LoadGen, router_args: Sequence[str], workdir: Path
+) -> dict[str, Any] | None:
+    """Instructions per stream of each server under callgrind: a count the machine's other load does
+    not move, unlike streams per second. None without valgrind.
+
+    Each server runs under `valgrind --tool=callgrind` with instrumentation off until it is ready
+    and warm; it is switched on for exactly INSTRUCTION_STREAMS streams of the load generator and off
+    again (`callgrind_control`). The count covers everything the process does meanwhile. Under
+    valgrind a stream takes some 20 times longer, so the router's time-driven work would count 20
+    times its real share per stream: its endpoint scraping (16 fetches of /metrics a second here)
+    is set to once an hour for this section (docs/router.md); plan polling stays.
+    """
+    valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
+    if valgrind is None or control is None:
+        return None
+    router_args = [*router_args, "--scrape-interval", "3600"]
+    servers = ["constant_servicer", "router"]
+    out: dict[str, Any] = {"streams": INSTRUCTION_STREAMS}
+    for name in servers:
+        dump = workdir / f"callgrind-{name}.out"
+        prefix = [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}"]
+        if name == "constant_servicer":
+            process, target = start_constant_server(workdir, "auto", prefix=prefix, timeout=600)
+        else:
+            router = start_router_process(router_args, log=workdir / f"{name}-callgrind.log", prefix=prefix,
+                                          timeout=600)
+            process, target = router.process, router.target
+        try:
+            loadgen.extproc(target, streams=INSTRUCTION_WARMUP, seconds=600)
+            subprocess.run([control, "-i", "on", str(process.pid)], check=True, capture_output=True)
+            done = loadgen.extproc(target, streams=INSTRUCTION_STREAMS, seconds=600)
+            subprocess.run([control, "-i", "off", str(process.pid)], check=True, capture_output=True)
+            subprocess.run([control, "-d", str(process.pid)], check=True, capture_output=True)
+        finally:
+            process.stop()
+        totals = [int(line.split()[1]) for path in workdir.glob(f"callgrind-{name}.out*")
+                  for line in path.read_text().splitlines() if line.startswith("totals:")]
+        out[name] = {"instructions": max(totals), "streams": done["streams"],
+                     "per_stream": round(max(totals) / max(1, done["streams"]))}
+    out["router"]["ratio_to_constant_servicer"] = round(
+        out["constant_servicer"]["per_stream"] / out["router"]["per_stream"], 3)
+    return out
+
+
 async def _serve_constant(port_file: Path) -> None:
     """The baseline: a grpc.aio ext_proc servicer that answers every message with a constant.
 
@@ -394,13 +444,15 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(staged, path)
 
 
-def start_constant_server(workdir: Path, loop: str) -> tuple[ServerProcess, str]:
-    port_file = workdir / f"constant-{loop}.port"
+def start_constant_server(workdir: Path, loop: str, *, prefix: Sequence[str] = (),
+                          timeout: float = 30) -> tuple[ServerProcess, str]:
+    port_file = workdir / f"constant-{loop}{'-profiled' if prefix else ''}.port"
     # As a module from the repository root, like `make bench`, so that `tests.support` imports.
     constant = spawn(f"constant-ext-proc-{loop}",
-                     [sys.executable, "-m", "tests.bench.bench_router", "--constant-server", str(port_file), loop],
+                     [*prefix, sys.executable, "-m", "tests.bench.bench_router", "--constant-server", str(port_file),
+                      loop],
                      log=workdir / f"constant-{loop}.log", detach=False, cwd=Path(__file__).resolve().parents[2])
-    wait_until(port_file.exists, timeout=30, what="the constant ext_proc server", process=constant)
+    wait_until(port_file.exists, timeout=timeout, what="the constant ext_proc server", process=constant)
     return constant, f"127.0.0.1:{port_file.read_text()}"
 
 
@@ -571,10 +623,10 @@ def main() -> None:
         servers: dict[str, tuple[str, int]] = {}
         with contextlib.ExitStack() as stack:
             stack.callback(upstream_envoy.stop)
+            router_args = ["--plan-dir", str(volume.path), "--scrape-interval", "0.5", "--log-level", "warning"]
             for suffix, loop in loops.items():
                 router = start_router_process(
-                    ["--plan-dir", str(volume.path), "--scrape-interval", "0.5", "--log-level", "warning",
-                     "--event-loop", loop],
+                    [*router_args, "--event-loop", loop],
                     log=workdir / f"router{suffix}.log",
                 )
                 stack.callback(router.stop)
@@ -603,6 +655,17 @@ def main() -> None:
                                                    f"{row['median_pairwise_ratio']}x, {min(pairs)}-{max(pairs)})"
                                                    if ratio and pairs else ""))
             print("    (target >= 3,000 decisions/s; a constant servicer is the ceiling of grpc.aio on its loop)")
+            print(f"    instructions per stream under callgrind ({INSTRUCTION_STREAMS} streams each, one server at a "
+                  "time) ...", flush=True)
+            results["instructions"] = counted = bench_instructions(loadgen, router_args, workdir)
+            if counted is None:
+                print("    (valgrind not installed: no instruction counts)")
+            else:
+                for name, row in counted.items():
+                    if isinstance(row, dict):
+                        ratio = row.get("ratio_to_constant_servicer")
+                        print(f"    {name:25s} {row['per_stream']:9,d} instructions per stream"
+                              + (f", {ratio}x the constant servicer's streams per instruction" if ratio else ""))
             print(f"3/3 latency through Envoy at {', '.join(str(int(r)) for r in RATES)} requests/s, {ROUNDS} "
                   f"interleaved rounds of {ROUND_SECONDS:.0f} s per variant, open loop, event loop {default_loop} "
                   "...", flush=True)

@@ -254,12 +254,14 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 
 def start_router_process(
-    args: Sequence[str], *, log: Path, env: dict[str, str] | None = None, wait_ready: bool = True
+    args: Sequence[str], *, log: Path, env: dict[str, str] | None = None, wait_ready: bool = True,
+    prefix: Sequence[str] = (), timeout: float = 30,
 ) -> RouterProcess:
-    """Run `cacheroute router serve` on free loopback ports; returns once it is ready (or alive)."""
+    """Run `cacheroute router serve` on free loopback ports; returns once it is ready (or alive).
+    `prefix` runs it under another program (a profiler), given `timeout` seconds to get ready."""
     grpc_port, metrics_port = free_port(), free_port()
     argv = [
-        sys.executable, "-m", "cacheroute.router.cli", "serve",
+        *prefix, sys.executable, "-m", "cacheroute.router.cli", "serve",
         "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
         "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
         *args,
@@ -269,7 +271,7 @@ def start_router_process(
     serving = health_pb2.HealthCheckResponse.SERVING
     check = router.ready if wait_ready else (lambda: router.health("liveness") == serving)
     try:
-        wait_until(check, timeout=30, what="router readiness over gRPC health", process=process)
+        wait_until(check, timeout=timeout, what="router readiness over gRPC health", process=process)
     except BaseException:
         process.stop()
         raise
