@@ -20,7 +20,7 @@ the Go module cache) into `~/.cache/cacheroute/bin/loadgen-<hash of its sources>
    like the router's (the ceiling of any Python ext_proc server here). Then, because streams per
    second on a small shared machine move by tens of percent between runs, each server runs once
    more under callgrind (valgrind) for 2,000 streams: instructions per stream, a figure the
-   machine's other load does not change, and the same ratio from it. Five interleaved runs per
+   machine's other load moves far less, and the same ratio from it. Five interleaved runs per
    server after a warm-up; medians, server CPU per stream, and the router/baseline ratio.
 3. Latency added through Envoy at 250, 500 and 1,000 requests/s (target <= 1 ms at p99 at
    1,000/s): the same Envoy setup without ext_proc, with ext_proc to the constant servicer, and
@@ -364,8 +364,8 @@ def bench_grpc(loadgen: LoadGen, servers: dict[str, tuple[str, int]]) -> dict[st
 def bench_instructions(
     loadgen: LoadGen, router_args: Sequence[str], workdir: Path
 ) -> dict[str, Any] | None:
-    """Instructions per stream of each server under callgrind: a count the machine's other load does
-    not move, unlike streams per second. None without valgrind.
+    """Instructions per stream of each server under callgrind: a count the machine's other load moves
+    far less than streams per second (docs/router.md). None without valgrind.
 
     Each server runs under `valgrind --tool=callgrind` with instrumentation off until it is ready
     and warm; it is switched on for exactly INSTRUCTION_STREAMS streams of the load generator and off
