@@ -147,8 +147,8 @@ def check_totals(core: RouterCore, exchanges: dict[int, Exchange]) -> None:
 class _Armed:
     """Failures the test injects: "fail" strikes while a decision is counted (after the pick,
     before the endpoint is acquired), "fail-late" while its reply is kept (after the acquire).
-    Each strikes once. They go through the core's collaborators, not its methods, so the same
-    test drives the compiled router (setup.py) and the plain Python one."""
+    Each strikes once. They go through the core's collaborators (its counters and reply cache),
+    so every line of the exchange's own code runs as in production."""
 
     def __init__(self) -> None:
         self.early = False
