@@ -10,7 +10,7 @@ conversation's history in that destination's cache. This memory lets the routing
 - `match` finds the deepest prefix of the chain the memory holds and the destination the last
   request with that prefix went to;
 - `held_by` counts the leading prefixes of the chain that were sent to a given destination (what
-  that destination may still hold in its cache);
+  that destination may still hold in its cache), `held_depths` the same for every destination;
 - `record` notes that every prefix of the chain went to the chosen destination, forgetting the
   least recently used prefixes beyond `capacity`.
 
@@ -93,6 +93,35 @@ class PrefixMemory:
             depth += 1
         return depth
 
+    def held_depths(self, prefixes: Sequence[int]) -> dict[int, int]:
+        """`held_by` for every destination in one pass over the chain: destination -> leading
+        prefixes it was sent (destinations sent none are absent)."""
+        get = self._entries.get
+        depths: dict[int, int] = {}
+        running = 0
+        depth = 0
+        for p in prefixes:
+            e = get(p)
+            mask = 0 if e is None else e[1]
+            if depth:
+                # The destinations this prefix did not go to hold the chain up to here only.
+                dropped = running & ~mask
+                while dropped:
+                    low = dropped & -dropped
+                    depths[low.bit_length() - 1] = depth
+                    dropped ^= low
+                running &= mask
+            else:
+                running = mask
+            if not running:
+                return depths
+            depth += 1
+        while running:
+            low = running & -running
+            depths[low.bit_length() - 1] = depth
+            running ^= low
+        return depths
+
     def record(self, prefixes: Sequence[int], destination: int) -> None:
         entries = self._entries
         pop = entries.pop
@@ -155,6 +184,14 @@ class PrefixFollower:
         if follow is None:
             return -1, 0.0
         return follow, matched * self.per_token
+
+    def held(self, chain: Sequence[int], prompt_tokens: int) -> dict[int, int]:
+        """Destination -> the prompt tokens it is remembered to hold, in whole blocks of the prompt
+        (destinations holding none are absent): what the routing rule scores unplanned requests by."""
+        size = self.block_tokens
+        whole = prompt_tokens // size
+        return {d: min(depth, whole) * size for d, depth in self.memory.held_depths(chain).items()
+                if depth and whole}
 
     def settle(self, chain: Sequence[int], destination: int, prompt_tokens: int) -> int:
         """Record the decision; the prompt tokens `destination` is expected to compute."""

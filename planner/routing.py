@@ -29,6 +29,17 @@ decide through `RoutingRule.choose`, so what the replay measures is what the rou
    destination's cache; a long shared document is not prefilled twice. A key the plan pins
    (`pinned`: a route the AffinityPlan fixes) stays on its entry unless it spills.
 
+6. **Scoring an unplanned request** (key-seeded p2c only, and only when the caller keeps a memory
+   of routed prefixes and passes `held`): when the request's key is not planned (or it has none)
+   and no remembered prefix is worth following (step 5 has no `follow`), every usable destination
+   gets `PREFIX_WEIGHT x` the share of the prompt it is remembered to hold plus `LOAD_WEIGHT x`
+   its load's place between the most and the least loaded (1 for the least, 0 for the most, 1
+   for all when loads are equal), and the request goes to the best score; ties go to the key's
+   first ring candidate, then its second, then the first in `usable`. These are the weights of
+   GIE's default profile (prefix 3, queue 2): a short shared prefix (a system prompt, the start
+   of a document) pulls a request only while loads are close, while key-seeded p2c would confine
+   the key to two destinations, hot or not, that may hold nothing of it.
+
 Load is whatever the caller's `Loads` says: the rule compares loads and never measures them
 (both callers count requests in flight, queued requests, and prompt tokens in flight:
 `tokenload.py`). Destinations are opaque: the router passes its `Endpoint` objects, the replay
@@ -37,7 +48,7 @@ destination indexes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from cacheroute.planner.keyring import KeyRing
@@ -58,7 +69,13 @@ SPILLED = "spilled"
 KEY_P2C = "key-p2c"
 P2C = "p2c"
 FOLLOWED = "followed"
-OUTCOMES = (PLANNED, SPILLED, KEY_P2C, P2C, FOLLOWED)
+SCORED = "scored"
+OUTCOMES = (PLANNED, SPILLED, KEY_P2C, P2C, FOLLOWED, SCORED)
+# Scoring unplanned requests (step 6): the weights of GIE's prefix and queue scorers in its
+# default profile (CacheRoute's load, which counts queued requests and prompt tokens in flight,
+# stands for the queue; it has no KV-usage term).
+PREFIX_WEIGHT = 3.0
+LOAD_WEIGHT = 2.0
 
 D = TypeVar("D")
 D_contra = TypeVar("D_contra", contravariant=True)
@@ -175,6 +192,8 @@ class RoutingRule(Generic[D]):
         follow: D | None = None,
         follow_gain: float = 0.0,
         pinned: bool = False,
+        held: Mapping[D, int] | None = None,
+        prompt_tokens: int = 0,
     ) -> tuple[str, D]:
         """The outcome (one of `OUTCOMES`) and destination of one request.
 
@@ -184,6 +203,9 @@ class RoutingRule(Generic[D]):
         is where the caller's memory says most of this prompt was sent before (None: nowhere), and
         `follow_gain` what the request weighs less there, in load units. A `pinned` plan entry
         is taken as it is, without the key's ring candidates, and is not left to follow a prefix.
+        `held` maps destinations to the tokens of this `prompt_tokens`-token prompt they are
+        remembered to hold (absent: none); given, an unplanned request with no `follow` is scored
+        (module docstring, step 6).
         """
         # One function, no helper call: this runs once per request on the router's hot path.
         outcome = P2C
@@ -209,7 +231,11 @@ class RoutingRule(Generic[D]):
                 else:
                     outcome, chosen = SPILLED, self.p2c(usable, best)
             elif ring is not None:
+                if held is not None and follow is None:
+                    return SCORED, self.scored(ring(key_hash), usable, is_usable, held, prompt_tokens)
                 outcome, chosen = KEY_P2C, self.key_p2c(ring(key_hash), usable, is_usable)
+        elif held is not None and follow is None and self._key_candidates is not None:
+            return SCORED, self.scored(None, usable, is_usable, held, prompt_tokens)
         if chosen is None:
             chosen = self.p2c(usable)
         if (
@@ -260,6 +286,40 @@ class RoutingRule(Generic[D]):
         if b_ok:
             return b
         return self.p2c(usable)
+
+    def scored(
+        self,
+        pair: tuple[D, D] | None,
+        usable: Sequence[D],
+        is_usable: Callable[[D], bool] | None,
+        held: Mapping[D, int],
+        prompt_tokens: int,
+    ) -> D:
+        """The usable destination of the best score (module docstring, step 6); ties go to the
+        ring `pair` (None: keyless), then to the first in `usable`."""
+        load = self._load
+        loads = [load(d) for d in usable]
+        least = min(loads)
+        span = max(loads) - least
+        most = least + span
+        per_token = PREFIX_WEIGHT / prompt_tokens if prompt_tokens > 0 else 0.0
+        per_load = LOAD_WEIGHT / span if span > 0 else 0.0
+        flat = LOAD_WEIGHT if span <= 0 else 0.0
+        get = held.get
+        best: D | None = None
+        best_score = 0.0
+        if pair is not None:
+            for d in pair:
+                if is_usable is None or is_usable(d):
+                    score = per_token * get(d, 0) + per_load * (most - load(d)) + flat
+                    if best is None or score > best_score:
+                        best, best_score = d, score
+        for d, value in zip(usable, loads, strict=True):
+            score = per_token * get(d, 0) + per_load * (most - value) + flat
+            if best is None or score > best_score:
+                best, best_score = d, score
+        assert best is not None  # `usable` is never empty
+        return best
 
     def p2c(self, usable: Sequence[D], exclude: D | None = None) -> D:
         """Power of two choices among `usable`, without `exclude` (which must be one of them)."""

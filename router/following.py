@@ -57,6 +57,16 @@ class RoutedPrefixes:
         slot, gain = self._follower.target(chain, prompt_tokens)
         return (self._at[slot] if slot >= 0 else None), gain
 
+    def held(self, chain: Sequence[int], prompt_tokens: int) -> dict[Endpoint, int]:
+        """Endpoint -> the prompt tokens it is remembered to hold (endpoints holding none absent)."""
+        at = self._at
+        held: dict[Endpoint, int] = {}
+        for slot, tokens in self._follower.held(chain, prompt_tokens).items():
+            endpoint = at[slot]
+            if endpoint is not None:
+                held[endpoint] = tokens
+        return held
+
     def settle(self, chain: Sequence[int], endpoint: Endpoint, prompt_tokens: int) -> int:
         """Record the decision; the prompt tokens the endpoint is expected to compute."""
         slot = self._slot.get(endpoint)

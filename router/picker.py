@@ -11,7 +11,9 @@ prompts weigh as much as many short ones; the exchange estimates each request's 
 body size and charges them with `EndpointPool.acquire`). With `follow_prefixes`, it also
 supplies where the longest routed prefix of the prompt went (`following.RoutedPrefixes`: the
 next turn of a conversation goes where its history is cached, within the rule's load bound) and
-charges the request only the tokens that endpoint is not expected to hold. It adds the router's
+charges the request only the tokens that endpoint is not expected to hold; an unplanned request
+with no prefix worth following is scored over every usable endpoint by what each holds of its
+prompt and by load (the rule's step 6, outcome `scored`). It adds the router's
 own part: fallback endpoints for the data plane to retry.
 """
 
@@ -31,6 +33,7 @@ from cacheroute.planner.routing import (
     KEY_P2C,
     P2C,
     PLANNED,
+    SCORED,
     SPILLED,
     RoutingRule,
     ring_candidates,
@@ -44,7 +47,7 @@ from cacheroute.router.table import RoutingTable, resolve_groups
 from cacheroute.router.wire import header_patterns
 
 NONE = "none"
-OUTCOMES = (PLANNED, SPILLED, P2C, FOLLOWED, NONE)
+OUTCOMES = (PLANNED, SPILLED, P2C, FOLLOWED, SCORED, NONE)
 
 
 class Decision(NamedTuple):
@@ -250,10 +253,14 @@ class Picker:
         prefixes = self._prefixes if chain else None
         follow: Endpoint | None = None
         gain = 0.0
+        held = None
         if prefixes is not None:
             follow, gain = prefixes.target(chain, prompt_tokens)
+            if follow is None and planned is None and self._key_seeded:
+                # Scored by what each endpoint holds of the prompt (the rule's step 6).
+                held = prefixes.held(chain, prompt_tokens)
         outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable, follow=follow, follow_gain=gain,
-                                           pinned=pinned)
+                                           pinned=pinned, held=held, prompt_tokens=prompt_tokens)
         if outcome == KEY_P2C:
             # Counted as p2c, key-seeded or not (the metric's documented outcomes).
             outcome = P2C

@@ -82,6 +82,10 @@ class RoutingSettings:
     follow_ratio: float = DEFAULT_FOLLOW_RATIO
     follow_slack: float = DEFAULT_FOLLOW_SLACK
     prefix_memory_blocks: int = DEFAULT_PREFIX_MEMORY_BLOCKS
+    # With follow_prefixes and key-seeded p2c, unplanned requests with no prefix worth following
+    # are scored by the prefix held and load (`routing` step 6), as the router does whenever it
+    # follows prefixes; off only to measure what the scoring adds.
+    score_unplanned: bool = True
 
     def __post_init__(self) -> None:
         check_tokens_per_unit(self.tokens_per_unit)
@@ -133,7 +137,8 @@ class Planned(Policy):
         r = self.routing
         return {"name": self.name, "spill_slack": self.spill_slack, "unplanned": self.unplanned,
                 "routes": len(self.fixed_plan) if self.fixed_plan is not None else 0,
-                "tokens_per_unit": r.tokens_per_unit, "follow_prefixes": r.follow_prefixes}
+                "tokens_per_unit": r.tokens_per_unit, "follow_prefixes": r.follow_prefixes,
+                "score_unplanned": r.score_unplanned}
 
     def bind(self, view: RouterView, seed: int) -> None:
         super().bind(view, seed)
@@ -173,6 +178,7 @@ class Planned(Policy):
         self._routes = {}
         self._pinned: set[int] = set()
         seeded = self.unplanned == "key-p2c" if key_seeded is None else key_seeded
+        self._scoring = seeded and self.routing.score_unplanned and self._follower is not None
         self._rule = RoutingRule(
             self._loads,
             self.rng.random,
@@ -217,6 +223,7 @@ class Planned(Policy):
         charge = view.charge
         follow = None
         gain = 0.0
+        held = None
         blocks: list[int] = []
         tokens = 0
         if follower is not None or charge is not None:
@@ -227,12 +234,17 @@ class Planned(Policy):
             at, gain = follower.target(blocks, tokens)
             if at >= 0:
                 follow = at
+        route = None if k == NO_KEY else self._routes.get(k)
+        if follow is None and route is None and self._scoring:
+            assert follower is not None
+            held = follower.held(blocks, tokens)
         if k == NO_KEY:
-            outcome, d = self._rule.choose(None, None, self._usable, follow=follow, follow_gain=gain)
+            outcome, d = self._rule.choose(None, None, self._usable, follow=follow, follow_gain=gain, held=held,
+                                           prompt_tokens=tokens)
         else:
             outcome, d = self._rule.choose(
-                self._hash_list[k], self._routes.get(k), self._usable, follow=follow, follow_gain=gain,
-                pinned=k in self._pinned,
+                self._hash_list[k], route, self._usable, follow=follow, follow_gain=gain,
+                pinned=k in self._pinned, held=held, prompt_tokens=tokens,
             )
         self.last_outcome = outcome
         if outcome == PLANNED:
@@ -314,6 +326,7 @@ class CacheRoute(Planned):
             "guard": self.guard is not None,
             "tokens_per_unit": self.routing.tokens_per_unit,
             "follow_prefixes": self.routing.follow_prefixes,
+            "score_unplanned": self.routing.score_unplanned,
         }
 
     def bind(self, view: RouterView, seed: int) -> None:

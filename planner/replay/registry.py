@@ -67,6 +67,11 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
         lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
         "cacheroute without the memory of routed prefixes (router --no-follow-prefixes)",
     ),
+    "cacheroute-noscore": (
+        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, score_unplanned=False)),
+        "cacheroute with unplanned requests kept to key-seeded p2c and following, never scored (the router "
+        "before scoring)",
+    ),
     "cacheroute-before": (
         lambda: CacheRoute(routing=BEFORE_ROUTING),
         "cacheroute as routed before token-aware load: load in requests, planned keys pinned, no prefix memory",
@@ -85,6 +90,7 @@ _CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None, RoutingSettings]] = {
     "cacheroute-requests": (False, None, replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
     "cacheroute-nofollow": (False, None, replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
     "cacheroute-widen": (False, None, replace(CACHEROUTE_ROUTING, widen_planned=True)),
+    "cacheroute-noscore": (False, None, replace(CACHEROUTE_ROUTING, score_unplanned=False)),
     "cacheroute-before": (False, None, BEFORE_ROUTING),
 }
 

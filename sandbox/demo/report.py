@@ -59,7 +59,7 @@ def _decisions(phase: PhaseResult) -> str:
     total = sum(d.values())
     if not total:
         return "-"
-    return " / ".join(f"{100 * d.get(o, 0.0) / total:.0f}" for o in ("planned", "spilled", "p2c", "followed"))
+    return " / ".join(f"{100 * d.get(o, 0.0) / total:.0f}" for o in ("planned", "spilled", "p2c", "followed", "scored"))
 
 
 def phase_table(run: DemoRun) -> Table:
@@ -73,7 +73,7 @@ def phase_table(run: DemoRun) -> Table:
         ("TTFT p99 (client)", *(_ms(p.summary.ttft_p99_s) for p in (p2c, planned))),
         ("end-to-end p99 (client)", *(_ms(p.summary.e2e_p99_s) for p in (p2c, planned))),
         ("throughput", *(f"{p.summary.throughput_rps:.2f} req/s" for p in (p2c, planned))),
-        ("router decisions planned / spilled / p2c / followed (%)", *(_decisions(p) for p in (p2c, planned))),
+        ("router decisions planned / spilled / p2c / followed / scored (%)", *(_decisions(p) for p in (p2c, planned))),
     ]
     if run.prediction is not None:
         rows += [

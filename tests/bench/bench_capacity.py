@@ -311,7 +311,7 @@ def bench_traces() -> dict[str, Any]:
         slo = 2.0 * idle.ttft_p99_s
         log(f"[traces] {path.name}: {len(tr):,} requests, SLO {slo:.2f}s")
         res = search(tr, [(p, p, engine, TRACE_DESTINATIONS)
-                          for p in (*PER_REQUEST, "cacheroute", "cacheroute-guard")], slo)
+                          for p in (*PER_REQUEST, "cacheroute", "cacheroute-guard", "cacheroute-noscore")], slo)
         best = best_of(res, PER_REQUEST)
         r = ratio(res["cacheroute"]["capacity_qps"], res[best]["capacity_qps"])
         g = ratio(res["cacheroute-guard"]["capacity_qps"], res[best]["capacity_qps"])

@@ -17,6 +17,7 @@ from cacheroute.planner.routing import (
     KEY_P2C,
     P2C,
     PLANNED,
+    SCORED,
     SPILLED,
     RoutingRule,
     check_follow,
@@ -191,6 +192,53 @@ def test_a_request_follows_its_prefix_within_the_load_bound() -> None:
     assert rule_for(idle(), key_seeded=True, follow_ratio=0.0).choose(key, None, NAMES, follow=held)[0] == KEY_P2C
     # Following the destination the rule picked anyway is no follow.
     assert rule_for(idle(), key_seeded=True).choose(key, None, NAMES, follow=first) == (KEY_P2C, first)
+
+
+def test_an_unplanned_request_goes_where_a_prefix_of_it_is_held_as_far_as_load_allows() -> None:
+    key = 77
+    first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
+    holder, light, heavy, *_ = (d for d in NAMES if d not in (first, second))
+    # Equal loads: a tenth of the prompt held (3 x 0.1) decides.
+    rule = rule_for(dict.fromkeys(NAMES, 1.0), key_seeded=True)
+    assert rule.choose(key, None, NAMES, held={holder: 100}, prompt_tokens=1000) == (SCORED, holder)
+    # The most loaded, the holder loses: 3 x 0.1 against the others' 2 x 1.
+    rule = rule_for(idle() | {holder: 4.0}, key_seeded=True)
+    outcome, chosen = rule.choose(key, None, NAMES, held={holder: 100}, prompt_tokens=1000)
+    assert outcome == SCORED
+    assert chosen != holder
+    # Half the load spread above the least loaded: 3 x 0.4 + 2 x 0.5 = 2.2 beats 2 x 1 = 2...
+    rule = rule_for(dict.fromkeys(NAMES, 2.0) | {light: 1.0, heavy: 3.0}, key_seeded=True)
+    assert rule.choose(key, None, NAMES, held={holder: 400}, prompt_tokens=1000) == (SCORED, holder)
+    # ...and 3 x 0.3 + 1 = 1.9 does not.
+    assert rule.choose(key, None, NAMES, held={holder: 300}, prompt_tokens=1000) == (SCORED, light)
+
+
+def test_a_scored_request_with_nothing_to_tell_apart_goes_to_its_first_ring_candidate() -> None:
+    # Nothing held and every load equal: the key keeps the affinity key-seeded p2c would give it.
+    for key in range(40):
+        first, _ = ring_candidates(KeyRing(NAMES), NAMES)(key)
+        assert rule_for(idle(), key_seeded=True).choose(key, None, NAMES, held={}, prompt_tokens=500) == (SCORED, first)
+    # Unusable destinations are never scored; a keyless request ties to the first usable one.
+    first, second = ring_candidates(KeyRing(NAMES), NAMES)(5)
+    usable = [d for d in NAMES if d != first]
+    rule = rule_for(idle(), key_seeded=True)
+    assert rule.choose(5, None, usable, lambda d: d != first, held={first: 400}, prompt_tokens=500) == (SCORED, second)
+    assert rule.choose(None, None, usable, lambda d: d != first, held={}, prompt_tokens=500) == (SCORED, usable[0])
+
+
+def test_only_unplanned_requests_without_a_prefix_to_follow_are_scored() -> None:
+    key = 77
+    first, second = ring_candidates(KeyRing(NAMES), NAMES)(key)
+    holder = next(d for d in NAMES if d not in (first, second))
+    seeded = rule_for(idle(), key_seeded=True)
+    # A planned key keeps its plan; a request with a prefix worth following follows it.
+    assert seeded.choose(key, [second], NAMES, held={holder: 400}, prompt_tokens=500) == (PLANNED, second)
+    assert seeded.choose(key, None, NAMES, follow=holder, held={holder: 400}, prompt_tokens=500) == (FOLLOWED, holder)
+    # Without `held` (no memory of routed prefixes) the key takes key-seeded p2c.
+    assert seeded.choose(key, None, NAMES) == (KEY_P2C, first)
+    # Plain p2c for unplanned keys (the report's routing) does not score.
+    outcome, _ = rule_for(idle()).choose(key, None, NAMES, held={holder: 400}, prompt_tokens=500)
+    assert outcome == P2C
 
 
 @pytest.mark.parametrize(("ratio", "slack"), [(-0.1, 2.0), (1.5, -1.0), (float("nan"), 1.0)])

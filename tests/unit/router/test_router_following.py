@@ -69,9 +69,9 @@ def test_a_huge_prompt_stops_its_chain_at_the_cap() -> None:
 # --- the memory over endpoints -----------------------------------------------------------------------
 
 
-def following_picker(n: int = 8) -> Picker:
+def following_picker(n: int = 8, unplanned: str = "p2c") -> Picker:
     pool = EndpointPool(scraping=False)
-    picker = Picker(pool, seed=5, unplanned="p2c", follow_prefixes=True)
+    picker = Picker(pool, seed=5, unplanned=unplanned, follow_prefixes=True)
     plan = plan_from_routes("pool", [Destination(f"pool-{i}", a) for i, a in enumerate(ADDRESSES[:n])], {})
     pool.set_plan_destinations(plan.destinations)
     picker.install(build_table(plan, "v1"))
@@ -128,6 +128,33 @@ def test_a_stuffed_destination_is_not_followed_past_the_load_bound() -> None:
         picker.pool.acquire(first)
     decision = picker.pick(None, prompt_tokens=2000, chain=chain)
     assert decision.endpoints[0] is not first
+
+
+def test_an_unplanned_key_goes_where_part_of_its_prompt_is_held_unless_that_endpoint_is_busy() -> None:
+    """Key-seeded p2c keeps a key on its two ring candidates; with prefix memory an unplanned
+    request that shares less than half its prompt with an earlier one is scored instead, and the
+    endpoint holding the shared part wins while loads are close."""
+    picker = following_picker(unplanned="key-p2c")
+    document = "shared manual " * 700  # 9,800 characters: 9 whole blocks
+    went = picker.pick(None, prompt_tokens=2450, chain=prefix_chain(prompt_text({"prompt": document}))).endpoints[0]
+
+    def alone(key: str) -> Any:
+        # Where the key goes with nothing of its prompt held anywhere: its first ring candidate.
+        unrelated = prefix_chain(prompt_text({"prompt": key * 3000}))
+        return picker.pick(affinity_key_hash(key), prompt_tokens=3000, chain=unrelated).endpoints[0]
+
+    key = next(k for k in (f"user-{i}" for i in range(100)) if alone(k) is not went)
+    question = {"prompt": document + "question " * 1800}  # 9 of 25 blocks held: not worth following
+    chain = prefix_chain(prompt_text(question))
+    decision = picker.pick(affinity_key_hash(key), prompt_tokens=6250, chain=chain)
+    assert (decision.outcome, decision.endpoints[0]) == ("scored", went)
+    # The holder as busy as the whole spread of load: the share it holds (3 x 9/25) is not enough.
+    for _ in range(3):
+        picker.pool.acquire(went)
+    other = prefix_chain(prompt_text({"prompt": document + "follow-up " * 1600}))
+    decision = picker.pick(affinity_key_hash(key), prompt_tokens=6250, chain=other)
+    assert decision.outcome == "scored"
+    assert decision.endpoints[0] is not went
 
 
 # --- one stream per turn ----------------------------------------------------------------------------

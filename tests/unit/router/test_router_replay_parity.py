@@ -26,7 +26,7 @@ from cacheroute.planner.replay.hardware import EngineProfile
 from cacheroute.planner.replay.planned import Planned, RoutingSettings
 from cacheroute.planner.replay.policy import RouterView
 from cacheroute.planner.replay.run import destination_ids
-from cacheroute.planner.routing import FOLLOWED, KEY_P2C, P2C, PLANNED, SPILLED
+from cacheroute.planner.routing import FOLLOWED, KEY_P2C, P2C, PLANNED, SCORED, SPILLED
 from cacheroute.planner.tokenload import BYTES_PER_TOKEN, TokenEstimator
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 from cacheroute.router.endpoints import EndpointPool
@@ -239,3 +239,16 @@ def test_a_later_turn_follows_its_conversation_in_both() -> None:
     assert decisions == replay_decisions(state, plan_of(state))
     forgetful = State(**{**state.__dict__, "follow": False})
     assert router_decisions(forgetful, plan_of(forgetful))[-1][0] == P2C
+
+
+def test_an_unplanned_request_is_scored_alike_in_both() -> None:
+    """With key-seeded p2c and prefix memory, unplanned requests with no prefix worth following
+    are scored by what each destination holds of them and by load, on both sides alike."""
+    state = State(in_flight=[3, 0, 1, 2], waiting=[0, 1, 0, 0], in_flight_tokens=[0, 40_000, 0, 9_000],
+                  routes={"user-0": [2]}, spill_threshold=1.5, spill_slack=2.0, unplanned="key-p2c", seed=2,
+                  requests=["user-1", "user-2", None, "user-3", "user-0"],
+                  sizes=[512, 1536, 1280, 768, 512], tokens_per_unit=4096.0, follow=True,
+                  chains=((7, 8), (7, 8, 9, 10, 11, 12), (7, 8, 20, 21, 22), (30, 31, 32), (7, 8)))
+    decisions = router_decisions(state, plan_of(state))
+    assert [outcome for outcome, _ in decisions] == [SCORED, SCORED, SCORED, SCORED, PLANNED]
+    assert decisions == replay_decisions(state, plan_of(state))

@@ -1,0 +1,42 @@
+"""The memory of routed prefixes: what each destination is remembered to hold of a prompt."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cacheroute.planner.prefixes import PrefixFollower, PrefixMemory
+
+DESTINATIONS = 5
+# Prompts as chains of prefix ids: chain (c, t) is conversation c up to turn t.
+chains = st.tuples(st.integers(0, 3), st.integers(0, 6)).map(
+    lambda ct: tuple(ct[0] * 100 + b for b in range(ct[1] + 1))
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.tuples(chains, st.integers(0, DESTINATIONS - 1)), max_size=20),
+    chains,
+    st.integers(1, 40),
+)
+def test_held_depths_are_held_by_for_every_destination(sent: list[tuple[tuple[int, ...], int]],
+                                                        asked: tuple[int, ...], capacity: int) -> None:
+    # A small capacity makes the memory forget (least recently used first) between the sends.
+    memory = PrefixMemory(capacity)
+    for chain, destination in sent:
+        memory.record(chain, destination)
+    one_by_one = {d: memory.held_by(asked, d) for d in range(DESTINATIONS)}
+    assert memory.held_depths(asked) == {d: depth for d, depth in one_by_one.items() if depth}
+
+
+def test_a_destination_holds_the_prompt_up_to_where_its_turns_stopped() -> None:
+    follower = PrefixFollower(capacity=100, block_tokens=10, per_token=0.0)
+    follower.settle((1, 2), 0, 20)  # turns 1-2 of a conversation on destination 0
+    follower.settle((1, 2, 3, 4), 3, 40)  # turns 1-4 on destination 3
+    assert follower.held((1, 2, 3, 4, 5), 50) == {0: 20, 3: 40}
+    # Only whole blocks of this prompt count: a 35-token prompt with this chain holds at most 30.
+    assert follower.held((1, 2, 3, 4, 5), 35) == {0: 20, 3: 30}
+    # A prompt shorter than a block holds nothing worth scoring; another conversation holds nothing.
+    assert follower.held((1, 2), 9) == {}
+    assert follower.held((7, 8), 20) == {}
