@@ -35,7 +35,8 @@ decide through `RoutingRule.choose`, so what the replay measures is what the rou
    gets `PREFIX_WEIGHT x` the share of the prompt it is remembered to hold plus `LOAD_WEIGHT x`
    its load's place between the most and the least loaded (1 for the least, 0 for the most, 1
    for all when loads are equal), and the request goes to the best score; ties go to the key's
-   first ring candidate, then its second, then the first in `usable`. These are the weights of
+   first ring candidate, then its second, then the first in `usable` (a keyless request's to the
+   first at or after a random index, one draw). These are the weights of
    GIE's default profile (prefix 3, queue 2): a short shared prefix (a system prompt, the start
    of a document) pulls a request only while loads are close, while key-seeded p2c would confine
    the key to two destinations, hot or not, that may hold nothing of it.
@@ -296,7 +297,8 @@ class RoutingRule(Generic[D]):
         prompt_tokens: int,
     ) -> D:
         """The usable destination of the best score (module docstring, step 6); ties go to the
-        ring `pair` (None: keyless), then to the first in `usable`."""
+        ring `pair`, then to the first in `usable`; without a pair (keyless) to the first at or
+        after a random index of `usable`."""
         load = self._load
         loads = [load(d) for d in usable]
         least = min(loads)
@@ -314,10 +316,17 @@ class RoutingRule(Generic[D]):
                     score = per_token * get(d, 0) + per_load * (most - load(d)) + flat
                     if best is None or score > best_score:
                         best, best_score = d, score
-        for d, value in zip(usable, loads, strict=True):
-            score = per_token * get(d, 0) + per_load * (most - value) + flat
+        n = len(usable)
+        # A keyless request's ties go to a random destination (the first at or after a drawn
+        # index), so that short prompts spread as under p2c instead of piling on the first.
+        start = 0 if pair is not None else int(self._draw() * n)
+        for step in range(n):
+            i = start + step
+            if i >= n:
+                i -= n
+            score = per_token * get(usable[i], 0) + per_load * (most - loads[i]) + flat
             if best is None or score > best_score:
-                best, best_score = d, score
+                best, best_score = usable[i], score
         assert best is not None  # `usable` is never empty
         return best
 

@@ -360,8 +360,8 @@ def test_the_auto_example_plan_plans_from_real_traffic(installed: Installed, san
                       for p in routers), "both routers on the published plan", timeout=120)
     planned_key = next(k for k in keys if published.destinations_of(affinity_key_hash(k)))
     before = _decisions(routers[0], "planned")
-    # A new conversation of the key: an earlier one's prompt would be followed to wherever key-seeded
-    # p2c sent it before the plan (outcome "followed"), which is not what this checks.
+    # A new conversation of the key: an earlier one's prompt would be followed to wherever the
+    # router sent it before the plan (outcome "followed"), which is not what this checks.
     reply = _chat(routers[0], "meta-llama/Llama-3.3-70B-Instruct", planned_key, 9, context=f"{planned_key}, anew")
     assert reply.status_code == 200, reply.text
     assert _decisions(routers[0], "planned") == before + 1

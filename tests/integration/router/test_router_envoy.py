@@ -232,9 +232,11 @@ def test_traffic_flows_with_the_router_stopped(
     assert sum(1 for e in engines if e.count() > 0) >= 2
 
 
-def test_malformed_body_or_missing_key_falls_back_to_p2c(
+def test_malformed_body_or_missing_key_falls_back_to_unplanned_routing(
     engines: list[Engine], volume: PlanVolume, start_router: RouterStarter, gateway: GatewayStarter
 ) -> None:
+    """A body that does not parse goes by p2c; a parsed one without a key is scored by what each
+    engine holds of its prompt and by load (both spread over the engines)."""
     volume.publish(make_plan(engines, {"alice": [1]}))
     router = start_router("--plan-dir", str(volume.path))
     gw = gateway(router, engines)
@@ -242,7 +244,8 @@ def test_malformed_body_or_missing_key_falls_back_to_p2c(
         for _ in range(15):
             assert post(client, gw.url, b'{"model": "m", "messages": [').status_code == 200
             assert post(client, gw.url, chat()).status_code == 200
-    assert router.sample("cacheroute_router_decisions_total", outcome="p2c") == 30
+    assert router.sample("cacheroute_router_decisions_total", outcome="p2c") == 15
+    assert router.sample("cacheroute_router_decisions_total", outcome="scored") == 15
     assert router.sample("cacheroute_router_body_key_fallbacks_total", reason="malformed") == 15
     assert sum(1 for e in engines if e.count() > 0) >= 2
 

@@ -218,12 +218,20 @@ def test_a_scored_request_with_nothing_to_tell_apart_goes_to_its_first_ring_cand
     for key in range(40):
         first, _ = ring_candidates(KeyRing(NAMES), NAMES)(key)
         assert rule_for(idle(), key_seeded=True).choose(key, None, NAMES, held={}, prompt_tokens=500) == (SCORED, first)
-    # Unusable destinations are never scored; a keyless request ties to the first usable one.
+    # Unusable destinations are never scored, however much they hold.
     first, second = ring_candidates(KeyRing(NAMES), NAMES)(5)
     usable = [d for d in NAMES if d != first]
     rule = rule_for(idle(), key_seeded=True)
     assert rule.choose(5, None, usable, lambda d: d != first, held={first: 400}, prompt_tokens=500) == (SCORED, second)
-    assert rule.choose(None, None, usable, lambda d: d != first, held={}, prompt_tokens=500) == (SCORED, usable[0])
+
+
+def test_keyless_requests_with_nothing_to_tell_apart_spread_like_p2c() -> None:
+    rule = rule_for(idle(), key_seeded=True)
+    went = Counter(rule.choose(None, None, NAMES, held={}, prompt_tokens=100) for _ in range(600))
+    assert set(went) == {(SCORED, d) for d in NAMES}
+    assert min(went.values()) > 60  # 100 expected each
+    # What one destination holds still draws them while loads are equal.
+    assert rule.choose(None, None, NAMES, held={"d": 50}, prompt_tokens=100) == (SCORED, "d")
 
 
 def test_only_unplanned_requests_without_a_prefix_to_follow_are_scored() -> None:
