@@ -11,8 +11,9 @@ conversation's history in that destination's cache. This memory lets the routing
   request with that prefix went to;
 - `held_by` counts the leading prefixes of the chain that were sent to a given destination (what
   that destination may still hold in its cache), `held_depths` the same for every destination;
-- `record` notes that every prefix of the chain went to the chosen destination, forgetting the
-  least recently used prefixes beyond `capacity`.
+- `record` notes that every prefix of the chain went to the chosen destination, forgetting what
+  was sent there least recently beyond `capacity` prefixes per destination (the estimate of each
+  destination's LRU cache that GIE's prefix scorer keeps too).
 
 Destinations are small integers (the replay's indexes), so the
 destinations a prefix went to are one bit mask.
@@ -32,41 +33,44 @@ from cacheroute.planner.tokenload import uncached_tokens
 # Follow a remembered prefix only when it is more than this share of the prompt.
 FOLLOW_MIN_SHARE = 0.5
 # Prefix blocks a router remembers at most by default: 262,144 blocks of 256 tokens cover 67M
-# tokens, more than 30 H100 replicas hold on GPU and in host memory, in about 46 MiB of router
-# memory (183 bytes per block, measured with tracemalloc).
+# tokens, more than 30 H100 replicas hold on GPU and in host memory, in about 55 MiB of router
+# memory (220 bytes per block, measured with tracemalloc over 8 destinations).
 DEFAULT_PREFIX_MEMORY_BLOCKS = 262_144
 
 
-def memory_blocks(fleet_kv_tokens: int, block_tokens: int, limit: int) -> int:
-    """How many prefix blocks to remember: as many as the fleet's KV cache holds (GPU and host
-    tiers; a prefix the caches have surely evicted is not worth following), at most `limit`;
-    `limit` when the fleet's capacity is not known (0)."""
-    if fleet_kv_tokens <= 0:
-        return limit
-    return max(1, min(limit, fleet_kv_tokens // block_tokens))
+def memory_blocks(fleet_kv_tokens: int, destinations: int, block_tokens: int, limit: int) -> int:
+    """How many prefix blocks to remember per destination: its share of what the fleet's KV cache
+    holds (GPU and host tiers; a prefix its cache has surely evicted is not worth following), the
+    whole memory `limit` blocks at most; `limit` shared out when the fleet's capacity is not
+    known (0)."""
+    total = limit if fleet_kv_tokens <= 0 else min(limit, fleet_kv_tokens // block_tokens)
+    return max(1, total // max(1, destinations))
 
 
 class PrefixMemory:
-    """Prefix id -> (the last destination it went to, mask of the destinations it went to),
-    least recently used out."""
+    """Prefix id -> (the last destination it went to, mask of the destinations that may still
+    hold it). Each destination holds at most `capacity` prefixes: what was sent there least
+    recently goes first, as its engine's LRU cache evicts, and within one prompt the end before
+    the start (vLLM frees a finished request's blocks tail first)."""
 
-    __slots__ = ("_entries", "capacity")
+    __slots__ = ("_entries", "_sent", "capacity")
 
     def __init__(self, capacity: int) -> None:
-        self._entries: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self._entries: dict[int, tuple[int, int]] = {}
+        # Destination -> the prefixes it holds, least recently sent first.
+        self._sent: dict[int, OrderedDict[int, None]] = {}
         self.resize(capacity)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def resize(self, capacity: int) -> None:
-        """Hold at most `capacity` prefixes from now on (the least recently used go first)."""
+        """Hold at most `capacity` prefixes per destination from now on."""
         if capacity < 1:
             raise ValueError(f"prefix memory capacity must be at least 1, got {capacity}")
         self.capacity = capacity
-        entries = self._entries
-        while len(entries) > capacity:
-            entries.popitem(last=False)
+        for destination, sent in self._sent.items():
+            self._drop(destination, sent, len(sent) - capacity)
 
     def match(self, prefixes: Sequence[int]) -> tuple[int, int]:
         """(number of leading prefixes held, the last destination of the deepest; -1 if none)."""
@@ -124,22 +128,36 @@ class PrefixMemory:
 
     def record(self, prefixes: Sequence[int], destination: int) -> None:
         entries = self._entries
-        pop = entries.pop
+        get = entries.get
+        sent = self._sent.get(destination)
+        if sent is None:
+            sent = self._sent[destination] = OrderedDict()
+        touch = sent.move_to_end
         bit = 1 << destination
-        for p in prefixes:
-            e = pop(p, None)
-            entries[p] = (destination, bit if e is None else e[1] | bit)
-        over = len(entries) - self.capacity
+        # The start of the prompt last: it is the most recently used, the last to go.
+        for p in reversed(prefixes):
+            e = get(p)
+            if e is None:
+                entries[p] = (destination, bit)
+                sent[p] = None
+            else:
+                entries[p] = (destination, e[1] | bit)
+                if e[1] & bit:
+                    touch(p)
+                else:
+                    sent[p] = None
+        over = len(sent) - self.capacity
         if over > 0:
-            popitem = entries.popitem
-            for _ in range(over):
-                popitem(last=False)
+            self._drop(destination, sent, over)
 
-    def forget(self, destination: int) -> None:
-        """Drop `destination` from every prefix (it left the pool); prefixes only it had go."""
+    def _drop(self, destination: int, sent: OrderedDict[int, None], count: int) -> None:
+        """Forget the `count` prefixes sent to `destination` least recently."""
         entries = self._entries
         keep = ~(1 << destination)
-        for p, (last, was) in list(entries.items()):
+        popitem = sent.popitem
+        for _ in range(count):
+            p, _ = popitem(last=False)
+            last, was = entries[p]
             mask = was & keep
             if not mask:
                 del entries[p]
@@ -147,6 +165,12 @@ class PrefixMemory:
                 entries[p] = (mask.bit_length() - 1, mask)
             else:
                 entries[p] = (last, mask)
+
+    def forget(self, destination: int) -> None:
+        """Drop `destination` from every prefix (it left the pool); prefixes only it had go."""
+        sent = self._sent.pop(destination, None)
+        if sent is not None:
+            self._drop(destination, sent, len(sent))
 
 
 def follow_target(matched_tokens: int, prompt_tokens: int, at: int) -> int | None:

@@ -199,15 +199,27 @@ class Picker:
         planned = sum(d.kv_capacity_tokens + d.host_kv_capacity_tokens for d in table.destinations)
         return planned if planned > 0 else len(self.pool.by_address) * self._endpoint_kv_tokens
 
+    def _memory_destinations(self, table: RoutingTable) -> int:
+        """Destinations the fleet's KV is shared out over: the plan's when it gives capacities,
+        else the known endpoints."""
+        if any(d.kv_capacity_tokens + d.host_kv_capacity_tokens for d in table.destinations):
+            return len(table.destinations)
+        return len(self.pool.by_address)
+
     def _size_prefix_memory(self, table: RoutingTable) -> None:
-        # Remember as many prefixes as the fleet holds (`prefixes.memory_blocks`): a memory larger
-        # than the caches follows prefixes they have evicted, trading balance for nothing.
+        # Remember per endpoint as many prefixes as its cache holds (`prefixes.memory_blocks`): a
+        # memory larger than the caches follows prefixes they have evicted, trading balance for
+        # nothing.
         assert self._prefixes is not None
-        self._prefixes.resize(memory_blocks(self.fleet_kv_tokens(table), BLOCK_TOKENS, self._prefix_limit))
+        self._prefixes.resize(memory_blocks(self.fleet_kv_tokens(table), self._memory_destinations(table),
+                                            BLOCK_TOKENS, self._prefix_limit))
 
     @property
     def prefix_memory_capacity(self) -> int:
-        return self._prefixes.capacity if self._prefixes is not None else 0
+        """Prefix blocks the memory holds at most: per endpoint, times the endpoints."""
+        if self._prefixes is None:
+            return 0
+        return self._prefixes.capacity * max(1, self._memory_destinations(self._view.table))
 
     @property
     def remembered_prefixes(self) -> int:

@@ -155,13 +155,13 @@ class Planned(Policy):
         self._estimator = TokenEstimator()
         if r.tokens_per_unit > 0:
             view.charge = [0] * len(view.trace)
-        # The router's memory of routed prefixes holds as many blocks as the fleet's KV cache.
-        # The router's memory of routed prefixes, sized as the router sizes it.
+        # The router's memory of routed prefixes, sized as the router sizes it: per destination,
+        # what its KV cache holds.
         self._follower: PrefixFollower | None = None
         if r.follow_prefixes:
             prof = view.profile
             fleet = view.n * (prof.kv_capacity_tokens + prof.host_kv_capacity_tokens)
-            blocks = memory_blocks(fleet, view.block_size, r.prefix_memory_blocks)
+            blocks = memory_blocks(fleet, view.n, view.block_size, r.prefix_memory_blocks)
             self._follower = PrefixFollower(blocks, view.block_size, self._unit)
         self.planned_requests = 0
         self.spilled_requests = 0

@@ -4,6 +4,7 @@ and one ext_proc stream per turn of a conversation."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -229,9 +230,9 @@ def test_the_memory_holds_as_many_prefixes_as_the_plan_s_destinations_hold() -> 
     pool.set_plan_destinations(plan.destinations)
     picker.install(build_table(plan, "v1"))
     assert picker.prefix_memory_capacity == 2 * (2_560 + 1_280) // BLOCK_TOKENS
-    for i in range(40):
-        picker.pick(None, prompt_tokens=300, chain=[i])
-    assert picker.remembered_prefixes == 30
+    sent = Counter(picker.pick(None, prompt_tokens=300, chain=[i]).endpoints[0] for i in range(40))
+    # Each endpoint keeps the last 15 prefixes sent to it (3,840 tokens of 256).
+    assert picker.remembered_prefixes == sum(min(n, 15) for n in sent.values())
 
 
 def test_without_a_plan_the_memory_holds_what_the_endpoints_hold() -> None:
@@ -250,7 +251,7 @@ def test_without_a_plan_the_memory_holds_what_the_endpoints_hold() -> None:
     picker.install(build_table(plan_from_routes("pool", destinations, {}), "v1"))
     assert picker.prefix_memory_capacity == 3 * 5_120 // BLOCK_TOKENS
     unknown = Picker(pool, follow_prefixes=True, prefix_memory_blocks=10_000)
-    assert unknown.prefix_memory_capacity == 10_000
+    assert unknown.prefix_memory_capacity == 3 * (10_000 // 3)  # the limit, shared out
 
 
 def test_a_conversation_the_fleet_has_evicted_since_its_last_turn_is_not_followed() -> None:
