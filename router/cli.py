@@ -197,8 +197,9 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         typer.Option(
             envvar=_env("FOLLOW_PREFIXES"),
             help="Send a request where the longest prefix of its prompt went before (the next turn of a "
-            "conversation to its history's cache), within the spill bound's load limit; needs the body "
-            "(buffered or full-duplex body mode).",
+            "conversation to its history's cache), within the spill bound's load limit, and, with key-seeded "
+            "p2c, an unplanned request with no such prefix to the endpoint of the best score of prompt share "
+            "held and load; needs the body (buffered or full-duplex body mode).",
         ),
     ] = True,
     prefix_memory_blocks: Annotated[
@@ -207,9 +208,9 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             min=1,
             max=MAX_PREFIX_MEMORY_BLOCKS,
             envvar=_env("PREFIX_MEMORY_BLOCKS"),
-            help="Most prompt prefixes of 256 tokens the router remembers for --follow-prefixes: as many as "
-            "the plan's destinations hold in KV cache (without a plan: the endpoints at --endpoint-kv-tokens "
-            "each), at most this (least recently routed out; about 180 bytes each).",
+            help="Most prompt prefixes of 256 tokens the router remembers for --follow-prefixes: per endpoint "
+            "its share of what the plan's destinations hold in KV cache (without a plan: --endpoint-kv-tokens), "
+            "at most this in all (least recently routed to the endpoint out; about 220 bytes each).",
         ),
     ] = DEFAULT_PREFIX_MEMORY_BLOCKS,
     endpoint_kv_tokens: Annotated[

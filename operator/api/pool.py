@@ -167,15 +167,16 @@ class RouterSpec(ApiModel):
     follow_prefixes: bool = Field(
         default=True,
         description="Send a request where the longest prefix of its prompt went before (a conversation's next "
-        "turn to its cached history), within the spill bound; needs Envoy's BUFFERED or FULL_DUPLEX_STREAMED "
-        "request body mode.",
+        "turn to its cached history), within the spill bound, and send a request the plan does not route, with "
+        "no such prefix, to the best score of the share of its prompt each endpoint holds and its load; needs "
+        "Envoy's BUFFERED or FULL_DUPLEX_STREAMED request body mode.",
     )
     prefix_memory_blocks: int = Field(
         default=DEFAULT_PREFIX_MEMORY_BLOCKS,
         ge=1,
         le=16_777_216,
-        description="Most prompt prefixes of 256 tokens a router remembers for followPrefixes: as many as the "
-        "pool's KV cache holds, at most this (about 180 bytes each).",
+        description="Most prompt prefixes of 256 tokens a router remembers for followPrefixes: per endpoint as "
+        "many as its KV cache holds, at most this in all (about 220 bytes each).",
     )
 
 
