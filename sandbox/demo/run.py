@@ -94,7 +94,7 @@ def run_demo(
                              destinations=settings.destinations, progress=bar)
 
     first, second = run.workload.rounds
-    following = ", following prefixes" if settings.follow_prefixes else ""
+    following = ", following prefixes, scoring the rest" if settings.follow_prefixes else ""
     say(f"no plan (Shadow: key-seeded p2c{following}): {len(first.warmup.requests)} requests of warm-up "
         f"over {settings.warmup_s:.0f} s, then {len(first.measured.requests)} measured over {settings.phase_s:.0f} s, "
         f"to the router at {routers[0]}")
