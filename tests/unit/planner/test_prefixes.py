@@ -40,3 +40,24 @@ def test_a_destination_holds_the_prompt_up_to_where_its_turns_stopped() -> None:
     # A prompt shorter than a block holds nothing worth scoring; another conversation holds nothing.
     assert follower.held((1, 2), 9) == {}
     assert follower.held((7, 8), 20) == {}
+
+
+def test_each_destination_forgets_what_was_sent_to_it_least_recently_end_first() -> None:
+    memory = PrefixMemory(capacity=4)
+    memory.record((1, 2), 0)
+    memory.record((10, 11), 1)
+    memory.record((3, 4, 5), 0)  # destination 0 now holds five prefixes: one goes
+    # The end of the older prompt went first, as its engine frees a finished request's blocks.
+    assert memory.held_by((1, 2), 0) == 1
+    assert memory.held_by((3, 4, 5), 0) == 3
+    # Destination 1 received nothing since: it keeps all it had.
+    assert memory.held_by((10, 11), 1) == 2
+    # A prefix two destinations hold, dropped by the last of them, is followed to the other.
+    memory.record((1,), 1)
+    assert memory.match((1,)) == (1, 1)
+    for p in range(100, 104):
+        memory.record((p,), 1)
+    assert memory.match((1,)) == (1, 0)
+    memory.forget(0)
+    assert memory.match((1,)) == (0, -1)
+    assert len(memory) == 4  # what destination 1 holds
