@@ -26,7 +26,7 @@ to every request (a system prompt) does not herd traffic onto one destination.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from cacheroute.planner.tokenload import uncached_tokens
 
@@ -45,6 +45,33 @@ def memory_blocks(fleet_kv_tokens: int, destinations: int, block_tokens: int, li
     known (0)."""
     total = limit if fleet_kv_tokens <= 0 else min(limit, fleet_kv_tokens // block_tokens)
     return max(1, total // max(1, destinations))
+
+
+def leading_depths(masks: Iterable[int]) -> dict[int, int]:
+    """Destination -> how many leading prefixes of a prompt it holds, from the masks of the
+    destinations holding each prefix in turn (bit d: destination d); those holding none are
+    absent. Stops at the first prefix nobody holds."""
+    depths: dict[int, int] = {}
+    rest = iter(masks)
+    running = next(rest, 0)
+    depth = 1
+    while running:
+        mask = next(rest, None)
+        if mask is None:
+            break
+        # The destinations this prefix is not on hold the prompt up to the one before only.
+        dropped = running & ~mask
+        while dropped:
+            low = dropped & -dropped
+            depths[low.bit_length() - 1] = depth
+            dropped ^= low
+        running &= mask
+        depth += 1
+    while running:
+        low = running & -running
+        depths[low.bit_length() - 1] = depth
+        running ^= low
+    return depths
 
 
 class PrefixMemory:
@@ -100,31 +127,7 @@ class PrefixMemory:
     def held_depths(self, prefixes: Sequence[int]) -> dict[int, int]:
         """`held_by` for every destination in one pass over the chain: destination -> leading
         prefixes it was sent (destinations sent none are absent)."""
-        get = self._entries.get
-        depths: dict[int, int] = {}
-        running = 0
-        depth = 0
-        for p in prefixes:
-            e = get(p)
-            mask = 0 if e is None else e[1]
-            if depth:
-                # The destinations this prefix did not go to hold the chain up to here only.
-                dropped = running & ~mask
-                while dropped:
-                    low = dropped & -dropped
-                    depths[low.bit_length() - 1] = depth
-                    dropped ^= low
-                running &= mask
-            else:
-                running = mask
-            if not running:
-                return depths
-            depth += 1
-        while running:
-            low = running & -running
-            depths[low.bit_length() - 1] = depth
-            running ^= low
-        return depths
+        return leading_depths(0 if e is None else e[1] for e in map(self._entries.get, prefixes))
 
     def record(self, prefixes: Sequence[int], destination: int) -> None:
         entries = self._entries
@@ -214,8 +217,9 @@ class PrefixFollower:
         (destinations holding none are absent): what the routing rule scores unplanned requests by."""
         size = self.block_tokens
         whole = prompt_tokens // size
-        return {d: min(depth, whole) * size for d, depth in self.memory.held_depths(chain).items()
-                if depth and whole}
+        if not whole:
+            return {}
+        return {d: min(depth, whole) * size for d, depth in self.memory.held_depths(chain).items()}
 
     def settle(self, chain: Sequence[int], destination: int, prompt_tokens: int) -> int:
         """Record the decision; the prompt tokens `destination` is expected to compute."""

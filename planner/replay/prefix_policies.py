@@ -31,8 +31,10 @@ engines' real cache), at the granularity of the trace's blocks:
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import repeat
 from typing import ClassVar
 
+from cacheroute.planner.prefixes import leading_depths
 from cacheroute.planner.replay.policy import Policy, RouterView
 
 # SGLang's tree counts characters; Mooncake-style token counts convert at ~4 characters per token
@@ -111,26 +113,9 @@ class ApproxIndex:
 
     def depths(self, blocks: list[int], n: int) -> list[int]:
         """Consecutive blocks from the start each destination holds."""
-        owners = self.owners
         out = [0] * n
-        alive = (1 << n) - 1
-        i = 0
-        for b in blocks:
-            m = owners.get(b, 0)
-            new = alive & m
-            dropped = alive ^ new
-            while dropped:
-                low = dropped & -dropped
-                out[low.bit_length() - 1] = i
-                dropped ^= low
-            alive = new
-            if not alive:
-                return out
-            i += 1
-        while alive:
-            low = alive & -alive
-            out[low.bit_length() - 1] = i
-            alive ^= low
+        for d, depth in leading_depths(map(self.owners.get, blocks, repeat(0))).items():
+            out[d] = depth
         return out
 
 
