@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
 from cacheroute.planner.tokenload import uncached_tokens
 
@@ -55,9 +56,9 @@ def leading_depths(masks: Iterable[int]) -> dict[int, int]:
     rest = iter(masks)
     running = next(rest, 0)
     depth = 1
-    while running:
-        mask = next(rest, None)
-        if mask is None:
+    # A final empty mask ends the prompt: whoever still holds it holds all of it.
+    for mask in chain(rest, (0,)):
+        if not running:
             break
         # The destinations this prefix is not on hold the prompt up to the one before only.
         dropped = running & ~mask
@@ -67,10 +68,6 @@ def leading_depths(masks: Iterable[int]) -> dict[int, int]:
             dropped ^= low
         running &= mask
         depth += 1
-    while running:
-        low = running & -running
-        depths[low.bit_length() - 1] = depth
-        running ^= low
     return depths
 
 

@@ -193,33 +193,30 @@ class Picker:
         # One reference assignment: a decision sees either the old view or the new one.
         self._view = view
 
-    def fleet_kv_tokens(self, table: RoutingTable) -> int:
-        """What the fleet's KV caches hold: the plan's destinations' capacities, else every known
-        endpoint at `endpoint_kv_tokens`, else 0 (not known)."""
+    def _kv_share(self, table: RoutingTable) -> tuple[int, int]:
+        """What the fleet's KV caches hold, GPU and host, and over how many destinations: the plan's
+        destinations' capacities, else every known endpoint at `endpoint_kv_tokens` (0 tokens: not
+        known)."""
         planned = sum(d.kv_capacity_tokens + d.host_kv_capacity_tokens for d in table.destinations)
-        return planned if planned > 0 else len(self.pool.by_address) * self._endpoint_kv_tokens
-
-    def _memory_destinations(self, table: RoutingTable) -> int:
-        """Destinations the fleet's KV is shared out over: the plan's when it gives capacities,
-        else the known endpoints."""
-        if any(d.kv_capacity_tokens + d.host_kv_capacity_tokens for d in table.destinations):
-            return len(table.destinations)
-        return len(self.pool.by_address)
+        if planned > 0:
+            return planned, len(table.destinations)
+        endpoints = len(self.pool.by_address)
+        return endpoints * self._endpoint_kv_tokens, endpoints
 
     def _size_prefix_memory(self, table: RoutingTable) -> None:
         # Remember per endpoint as many prefixes as its cache holds (`prefixes.memory_blocks`): a
         # memory larger than the caches follows prefixes they have evicted, trading balance for
         # nothing.
         assert self._prefixes is not None
-        self._prefixes.resize(memory_blocks(self.fleet_kv_tokens(table), self._memory_destinations(table),
-                                            BLOCK_TOKENS, self._prefix_limit))
+        fleet, destinations = self._kv_share(table)
+        self._prefixes.resize(memory_blocks(fleet, destinations, BLOCK_TOKENS, self._prefix_limit))
 
     @property
     def prefix_memory_capacity(self) -> int:
         """Prefix blocks the memory holds at most: per endpoint, times the endpoints."""
         if self._prefixes is None:
             return 0
-        return self._prefixes.capacity * max(1, self._memory_destinations(self._view.table))
+        return self._prefixes.capacity * max(1, self._kv_share(self._view.table)[1])
 
     @property
     def remembered_prefixes(self) -> int:
