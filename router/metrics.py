@@ -202,6 +202,8 @@ class RouterMetrics:
         self.decision_seconds = self.loop.decision_seconds
         self.stream_errors = self.loop.stream_errors
         self.plan_info = Info(f"{PREFIX}_plan", "The plan in effect (pool, version, generation time).", registry=r)
+        self.build_info = Info(f"{PREFIX}_build", "How the request path runs: compiled (mypyc) or interpreted.",
+                               registry=r)
         self.plan_routes = Gauge(f"{PREFIX}_plan_routes", "Routes in the plan in effect.", registry=r)
         self.plan_applied = Gauge(f"{PREFIX}_plan_applied_timestamp_seconds",
                                   "When the plan in effect was applied.", registry=r)

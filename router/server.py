@@ -12,13 +12,15 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from cacheroute.router import native
 from cacheroute.router.endpoints import EndpointPool, SliceEndpoint
 from cacheroute.router.extproc import SERVICE as EXT_PROC_SERVICE
-from cacheroute.router.extproc import ExternalProcessor, RouterCore
+from cacheroute.router.extproc import RouterCore
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker
 from cacheroute.router.plans import DirectoryPlanSource, PlanStore
 from cacheroute.router.scrape import Scraper
+from cacheroute.router.service import ExternalProcessor
 from cacheroute.router.settings import RouterSettings
 from cacheroute.router.supervise import Supervisor
 
@@ -193,8 +195,11 @@ class Router:
                     on_endpoints=self._slices, loop=loop,
                 )
                 tasks.spawn("watch-endpointslices", slices.run)
-        log.info("ext_proc gRPC on %s:%d, metrics on %s:%d, event loop %s.%s", s.grpc_host, self.grpc_port,
-                 s.metrics_host, self.metrics_port, type(loop).__module__, type(loop).__name__)
+        request_path = native.request_path()
+        self.metrics.build_info.info({"request_path": request_path})
+        log.info("ext_proc gRPC on %s:%d, metrics on %s:%d, event loop %s.%s, request path %s", s.grpc_host,
+                 self.grpc_port, s.metrics_host, self.metrics_port, type(loop).__module__, type(loop).__name__,
+                 request_path)
 
     def _configmap_files(self, files: dict[str, bytes]) -> None:
         self.store.submit(files, origin=f"ConfigMaps {self.settings.namespace}/{self.settings.pool}-plan*",

@@ -23,6 +23,11 @@ DOWNWARD_ENV = [
     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
 ]
+# The image's compiled copy of the request path (`cacheroute router build-native`, router/native.py):
+# first on the picker's path, it runs each stream in about half the instructions. An image without
+# it runs the same code interpreted.
+NATIVE_PATH = "/opt/cacheroute/native"
+PICKER_ENV = [*DOWNWARD_ENV, {"name": "PYTHONPATH", "value": NATIVE_PATH}]
 
 
 def build_service_account(pool: names.PoolRef) -> dict[str, Any]:
@@ -138,7 +143,7 @@ def build_deployment(
         "image": image,
         "imagePullPolicy": r.image_pull_policy,
         "args": picker_args(pool, spec, config, memory_plan),
-        "env": DOWNWARD_ENV,
+        "env": PICKER_ENV,
         "ports": [
             {"name": "grpc", "containerPort": names.ROUTER_GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": names.ROUTER_METRICS_PORT, "protocol": "TCP"},

@@ -17,11 +17,15 @@ the Go module cache) into `~/.cache/cacheroute/bin/loadgen-<hash of its sources>
    does), each sending what Envoy sends with the gateway's processing mode (request headers with
    the key header, then response headers, then the half-close) and waiting for the status.
    Baseline in the same run: a grpc.aio servicer answering every message with a constant, built
-   like the router's (the ceiling of any Python ext_proc server here). Five interleaved runs per
+   like the router's (the ceiling of any Python ext_proc server here). The router runs its
+   request path compiled, as the image does (`router/native.py`, built once per version of the
+   sources into the same cache as the load generator); `router_interpreted` is the same router
+   from the sources, for the difference. Five interleaved runs per
    server after a warm-up; medians, server CPU per stream, and the router/baseline ratio. Then,
    because streams per second on a small shared machine move by tens of percent between runs,
-   each server runs once more under callgrind (valgrind) for 2,000 streams: instructions per
-   stream, a figure the machine's other load moves far less, and the same ratio from it.
+   each server runs once more under callgrind (valgrind) for 2,000 streams, after a warm-up that
+   sends every key once: instructions per stream, a figure the machine's other load moves far
+   less, and the same ratio from it.
 3. Latency added through Envoy at 250, 500 and 1,000 requests/s (target <= 1 ms at p99 at
    1,000/s): the same Envoy setup without ext_proc, with ext_proc to the constant servicer, and
    with ext_proc to the router (request headers only, and with the buffered body), interleaved
@@ -66,6 +70,7 @@ from cacheroute.router.plans import PlanStore
 from cacheroute.sandbox.binaries import cache_entry_lock, cache_root, fresh_staging, publish
 from cacheroute.sandbox.envoy import Envoy, start_envoy
 from cacheroute.sandbox.process import ServerProcess, free_port, spawn, wait_until
+from tests.support.native import native_env, native_path
 from tests.support.router import PlanVolume, RouterProcess, start_router_process
 
 ROUTES = 200_000
@@ -77,7 +82,11 @@ GRPC_CONCURRENCY = 64
 GRPC_RUNS = 5
 GRPC_WARMUP = 1_000
 INSTRUCTION_STREAMS = 2_000
-INSTRUCTION_WARMUP = 200
+# Distinct keys the load generator sends, in turn (nine in ten planned).
+LOAD_KEYS = 2_000
+# The warm-up sends every key once, so that the counted streams find their keys' hashes in the
+# router's memory of header keys, as the timed runs (tens of thousands of streams) do.
+INSTRUCTION_WARMUP = LOAD_KEYS + 200
 RATES = (250.0, 500.0, 1000.0)
 ROUND_SECONDS = 2.0
 ROUNDS = 2
@@ -348,7 +357,7 @@ def bench_grpc(loadgen: LoadGen, servers: dict[str, tuple[str, int]]) -> dict[st
             "runs": results,
         }
     for name in servers:
-        baseline = name.replace("router", "constant_servicer")
+        baseline = _baseline(name)
         if name != baseline and baseline in out:
             ratio = out[name]["median_per_second"] / out[baseline]["median_per_second"]
             out[name]["ratio_to_constant_servicer"] = round(ratio, 2)
@@ -361,8 +370,13 @@ def bench_grpc(loadgen: LoadGen, servers: dict[str, tuple[str, int]]) -> dict[st
     return out
 
 
+def _baseline(name: str) -> str:
+    """The constant servicer a server is compared with: the one on the same event loop."""
+    return name.replace("_interpreted", "").replace("router", "constant_servicer")
+
+
 def bench_instructions(
-    loadgen: LoadGen, router_args: Sequence[str], workdir: Path
+    loadgen: LoadGen, router_args: Sequence[str], workdir: Path, native_env: dict[str, str]
 ) -> dict[str, Any] | None:
     """Instructions per stream of each server under callgrind: a count the machine's other load moves
     far less than streams per second (docs/router.md). None without valgrind.
@@ -378,8 +392,8 @@ def bench_instructions(
     if valgrind is None or control is None:
         return None
     router_args = [*router_args, "--scrape-interval", "3600"]
-    servers = ["constant_servicer", "router"]
-    out: dict[str, Any] = {"streams": INSTRUCTION_STREAMS}
+    servers = ["constant_servicer", "router", "router_interpreted"]
+    out: dict[str, Any] = {"streams": INSTRUCTION_STREAMS, "warmup_streams": INSTRUCTION_WARMUP}
     for name in servers:
         dump = workdir / f"callgrind-{name}.out"
         prefix = [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}"]
@@ -387,7 +401,7 @@ def bench_instructions(
             process, target = start_constant_server(workdir, "auto", prefix=prefix, timeout=600)
         else:
             router = start_router_process(router_args, log=workdir / f"{name}-callgrind.log", prefix=prefix,
-                                          timeout=600)
+                                          timeout=600, env=None if name.endswith("_interpreted") else native_env)
             process, target = router.process, router.target
         try:
             loadgen.extproc(target, streams=INSTRUCTION_WARMUP, seconds=600)
@@ -401,8 +415,9 @@ def bench_instructions(
                   for line in path.read_text().splitlines() if line.startswith("totals:")]
         out[name] = {"instructions": max(totals), "streams": done["streams"],
                      "per_stream": round(max(totals) / max(1, done["streams"]))}
-    out["router"]["ratio_to_constant_servicer"] = round(
-        out["constant_servicer"]["per_stream"] / out["router"]["per_stream"], 3)
+    for name in servers[1:]:
+        out[name]["ratio_to_constant_servicer"] = round(
+            out["constant_servicer"]["per_stream"] / out[name]["per_stream"], 3)
     return out
 
 
@@ -586,6 +601,14 @@ def _latency_table(collected: dict[str, list[dict[str, Any]]], router_cpu: float
 # --- main ------------------------------------------------------------------------------------------
 
 
+def _request_path(router: RouterProcess) -> str:
+    """What the router says it runs (`cacheroute_router_build_info`): compiled or interpreted."""
+    for line in router.metrics().splitlines():
+        if line.startswith("cacheroute_router_build_info{"):
+            return line.split('request_path="', 1)[1].split('"', 1)[0]
+    return "unknown"
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -596,6 +619,9 @@ def main() -> None:
                     "load_average_at_start": _load()},
     }
     loadgen_path = loadgen_binary()
+    # The router runs its request path compiled, as the image does (router/native.py).
+    print("compiling the router's request path (cached per version of the sources) ...", flush=True)
+    compiled_env = native_env(native_path())
     print("1/3 in-process decisions with a 200,000-route plan ...", flush=True)
     results["in_process"] = in_process = bench_in_process()
     print(f"    plan load (decode + index): {in_process['plan_load_ms']} ms")
@@ -607,7 +633,7 @@ def main() -> None:
         workdir = Path(tmp)
         rng = np.random.default_rng(5)
         # Nine in ten requests carry a planned key, the rest an unplanned one.
-        keys = [KEYS[int(i)] if i % 10 else f"stranger-{i}" for i in rng.integers(0, ROUTES, 2000)]
+        keys = [KEYS[int(i)] if i % 10 else f"stranger-{i}" for i in rng.integers(0, ROUTES, LOAD_KEYS)]
         keys_file = workdir / "keys.txt"
         keys_file.write_text("\n".join(keys) + "\n")
         loadgen = LoadGen(loadgen_path, keys_file)
@@ -629,7 +655,7 @@ def main() -> None:
             for suffix, loop in loops.items():
                 router = start_router_process(
                     [*router_args, "--scrape-interval", "0.5", "--event-loop", loop],
-                    log=workdir / f"router{suffix}.log",
+                    log=workdir / f"router{suffix}.log", env=compiled_env,
                 )
                 stack.callback(router.stop)
                 constant, constant_target = start_constant_server(workdir, loop)
@@ -638,6 +664,19 @@ def main() -> None:
                 servers[f"router{suffix}"] = (router.target, router.process.pid)
                 if not suffix:
                     main_router, main_constant = router, constant_target
+                    # The same router interpreted, next to it: what compiling the request path gains.
+                    interpreted = start_router_process(
+                        [*router_args, "--scrape-interval", "0.5", "--event-loop", loop],
+                        log=workdir / "router_interpreted.log",
+                    )
+                    stack.callback(interpreted.stop)
+                    servers["router_interpreted"] = (interpreted.target, interpreted.process.pid)
+                    results["machine"]["request_path"] = {
+                        "router": _request_path(router), "router_interpreted": _request_path(interpreted)}
+            paths = results["machine"]["request_path"]
+            print(f"    request path: router {paths['router']}, router_interpreted {paths['router_interpreted']}")
+            if paths["router"] != "compiled":
+                raise RuntimeError(f"the router runs its request path {paths['router']}, not compiled")
             results["reload"] = reload = bench_reload(main_router, volume, destinations)
             print(f"    plan swap to effect (200,000 routes, poll 0.2 s): {reload['seconds']} s (target <= 1 s)")
             print(f"2/3 streams per second over gRPC: {GRPC_RUNS} interleaved runs per server of at most "
@@ -659,7 +698,7 @@ def main() -> None:
             print("    (target >= 3,000 decisions/s; a constant servicer is the ceiling of grpc.aio on its loop)")
             print(f"    instructions per stream under callgrind ({INSTRUCTION_STREAMS} streams each, one server at a "
                   "time) ...", flush=True)
-            results["instructions"] = counted = bench_instructions(loadgen, router_args, workdir)
+            results["instructions"] = counted = bench_instructions(loadgen, router_args, workdir, compiled_env)
             if counted is None:
                 print("    (valgrind not installed: no instruction counts)")
             else:

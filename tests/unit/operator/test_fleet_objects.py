@@ -124,6 +124,9 @@ def test_router_pod_has_picker_and_envoy_on_the_pod_ip_with_the_plan_mounted() -
     assert picker["args"][:2] == ["router", "serve"] and envoy["args"][:2] == ["router", "envoy"]
     for container in (picker, envoy):
         assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
+    # The picker runs the image's compiled request path; Envoy has no Python to speed up.
+    assert {"name": "PYTHONPATH", "value": router.NATIVE_PATH} in picker["env"]
+    assert all(e["name"] != "PYTHONPATH" for e in envoy["env"])
     assert picker["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
     assert envoy["readinessProbe"]["httpGet"]["path"] == "/ready"
     volume = spec["volumes"][0]["projected"]["sources"]
