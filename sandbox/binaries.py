@@ -566,6 +566,22 @@ def ensure_command(
         raise typer.Exit(1) from None
     for name, located in found.items():
         console.print(f"{name}: {located.path} ({located.source})", soft_wrap=True)
+    if not components:
+        ensure_native_copy(console)
+
+
+def ensure_native_copy(console: Console) -> None:
+    """The sandbox's compiled copy of the router's request path (`nativecopy.py`); without a
+    compiler the sandbox's routers run interpreted, which this says rather than fails."""
+    from cacheroute.router.native import BuildError as NativeBuildError
+    from cacheroute.sandbox import nativecopy
+
+    if nativecopy.located() is None:
+        console.print("compiling the router's request path (mypyc, once per version of the sources)")
+    try:
+        console.print(f"router request path: {nativecopy.ensure()} (compiled)", soft_wrap=True)
+    except (NativeBuildError, OSError) as exc:
+        console.print(f"[yellow]warning:[/yellow] the sandbox's routers will run interpreted: {exc}", soft_wrap=True)
 
 
 @app.command("where")

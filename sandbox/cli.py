@@ -113,6 +113,7 @@ def up(
     try:
         if build:
             binaries.ensure(console=console)
+            binaries.ensure_native_copy(console)
         started = time.monotonic()
         with console.status("starting") as status:
             sandbox = Sandbox.up(

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cacheroute.router import native
+from cacheroute.sandbox import nativecopy
+
 DOCKER_HUB = "docker.io"
 _HUB_ALIASES = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
 
@@ -76,6 +79,8 @@ class ImageDriver:
     entrypoint_name: str = ""
     # The image's own environment (what its Dockerfile's ENV lines would set).
     env: Mapping[str, str] = field(default_factory=dict)
+    # Folders of the image that a local folder stands for, where a container's PYTHONPATH names them.
+    python_paths: Mapping[str, str] = field(default_factory=dict)
 
 
 def _cacheroute_command() -> tuple[str, ...]:
@@ -88,6 +93,12 @@ def _cacheroute_command() -> tuple[str, ...]:
     return (sys.executable, "-m", "cacheroute.operator.cli.main")
 
 
+def _native_paths() -> dict[str, str]:
+    """The image's compiled request path, where the sandbox has a fresh copy (`nativecopy.py`)."""
+    copy = nativecopy.located()
+    return {native.IMAGE_PATH: str(copy)} if copy is not None else {}
+
+
 def default_drivers() -> list[ImageDriver]:
     return [
         ImageDriver(
@@ -96,6 +107,7 @@ def default_drivers() -> list[ImageDriver]:
             entrypoint=_cacheroute_command(),
             entrypoint_name="cacheroute",
             env={"PYTHONUNBUFFERED": "1"},
+            python_paths=_native_paths(),
         ),
         ImageDriver(VLLM_REPOSITORY, "emulator", entrypoint_name="vllm"),
     ]

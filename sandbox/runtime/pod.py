@@ -286,6 +286,8 @@ class PodWorker:
         if not argv:
             raise ContainerStartError("no command to run (the image's entry point is unknown here)")
         process_env = {**self.runtime.base_env, **(driver.env if driver is not None else {}), **env}
+        if driver is not None:
+            podenv.map_python_path(process_env, driver.python_paths)
         mounts = self._mounts(slot, env)
         working_dir = _existing_dir(slot.spec.get("workingDir"), self.directory)
         run = await ProcessRun.start(argv, env=process_env, cwd=working_dir, mounts=mounts, log=log_file)

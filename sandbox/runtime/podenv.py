@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
@@ -220,3 +221,11 @@ def command_line(
     else:
         args = list(image_args) if not command else []
     return [*(command or list(entrypoint)), *args]
+
+
+def map_python_path(env: dict[str, str], folders: Mapping[str, str]) -> None:
+    """Point the entries of `env`'s PYTHONPATH that name an image folder of `folders` at the local
+    folder standing for it; other entries stay as they are."""
+    raw = env.get("PYTHONPATH")
+    if raw and folders:
+        env["PYTHONPATH"] = os.pathsep.join(folders.get(entry, entry) for entry in raw.split(os.pathsep))

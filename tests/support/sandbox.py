@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from cacheroute.sandbox import nativecopy
 from cacheroute.sandbox.cluster import PodRuntimeOptions, Sandbox, SandboxOptions, temporary_state_dir
 from cacheroute.sandbox.envoy import Envoy, start_envoy
 from cacheroute.sandbox.process import wait_until
@@ -33,6 +34,8 @@ def session_sandbox(nodes: int = 4) -> Iterator[Sandbox]:
     if reuse:
         yield Sandbox.attach(Path(reuse).expanduser())
         return
+    # The routers the operator starts run the compiled request path, as the image's do.
+    nativecopy.ensure()
     sandbox = Sandbox.up(
         SandboxOptions(
             name="pytest", state_dir=temporary_state_dir(), nodes=nodes, detach=False, pod_runtime=TEST_RUNTIME

@@ -264,6 +264,8 @@ def test_the_examples_give_running_pools(installed: Installed, sandbox: Sandbox,
     reply = httpx.post(f"http://{router.status.pod_ip}:8080/v1/completions", timeout=60, json={
         "model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hello " * 8, "max_tokens": 2, "user": "tenant-1"})
     assert reply.status_code == 200, reply.text
+    # The picker runs the compiled request path, as from the image (the sandbox's copy stands for it).
+    assert 'cacheroute_router_build_info{request_path="compiled"} 1.0' in _router_metrics(router)
     # The GIE pool is published for gateways: the vLLM pods, our picker's ext_proc port.
     gie = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(GIE_GROUP, "v1", ns, "inferencepools",
                                                                          "llama-8b")

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cacheroute.sandbox.runtime.images import default_registry, parse_image_option, repository
+from cacheroute.router import native
+from cacheroute.sandbox.binaries import BIN_CACHE_ENV
+from cacheroute.sandbox.runtime.images import (
+    CACHEROUTE_REPOSITORY,
+    ImageDriver,
+    default_registry,
+    parse_image_option,
+    repository,
+)
 from cacheroute.sandbox.runtime.kwok_stages import logs_crd, pod_stages
 from cacheroute.sandbox.runtime.selectors import parse_selector
 
@@ -77,3 +86,22 @@ def test_label_selectors() -> None:
     assert not parse_selector("app==api")(labels)
     with pytest.raises(ValueError, match="not valid"):
         parse_selector("app in web")
+
+
+def test_the_cacheroute_image_runs_the_sandboxs_compiled_copy_only_when_it_is_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(BIN_CACHE_ENV, str(tmp_path))
+
+    def cacheroute_driver() -> ImageDriver:
+        driver = default_registry().driver(CACHEROUTE_REPOSITORY)
+        assert driver is not None
+        return driver
+
+    assert cacheroute_driver().python_paths == {}
+    copy = tmp_path / f"router-native-{native.source_digest()}"
+    copy.mkdir()
+    (copy / native.STAMP).write_text("0" * 16 + "\n")
+    assert cacheroute_driver().python_paths == {}, "a copy of other sources is not used"
+    (copy / native.STAMP).write_text(native.source_digest() + "\n")
+    assert cacheroute_driver().python_paths == {native.IMAGE_PATH: str(copy)}

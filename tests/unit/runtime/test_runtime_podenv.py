@@ -12,6 +12,7 @@ from cacheroute.sandbox.runtime.podenv import (
     command_line,
     container_env,
     expand,
+    map_python_path,
     quantity,
     service_variables,
 )
@@ -100,3 +101,12 @@ def test_quantities() -> None:
     assert quantity("2e3") == 2000
     with pytest.raises(ConfigError):
         quantity("lots")
+
+
+def test_a_pythonpath_entry_naming_an_image_folder_points_at_its_local_copy() -> None:
+    env = {"PYTHONPATH": "/opt/cacheroute/native:/extra", "HOME": "/opt/cacheroute/native"}
+    map_python_path(env, {"/opt/cacheroute/native": "/cache/router-native-1"})
+    assert env == {"PYTHONPATH": "/cache/router-native-1:/extra", "HOME": "/opt/cacheroute/native"}
+    unmapped = {"PYTHONPATH": "/opt/cacheroute/native"}
+    map_python_path(unmapped, {})
+    assert unmapped == {"PYTHONPATH": "/opt/cacheroute/native"}
