@@ -21,7 +21,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && python -m venv /tmp/mypyc \
  && /tmp/mypyc/bin/pip install "mypy>=1.11,<2" "setuptools>=69" \
  && PYTHONPATH=$(/tmp/mypyc/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
-    /opt/cacheroute/bin/cacheroute router build-native --out /opt/cacheroute/native
+    /opt/cacheroute/bin/cacheroute router build-native --out /opt/cacheroute/native \
+ && /opt/cacheroute/bin/python -m compileall -q /opt/cacheroute/native
 
 FROM python:3.12-slim
 COPY --from=build /opt/cacheroute /opt/cacheroute
