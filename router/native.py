@@ -99,6 +99,23 @@ def build(out: Path, *, timeout: float = 900) -> Path:
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         raise BuildError("no C compiler on PATH (cc or gcc)")
     digest = source_digest()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        _compile(out, timeout)
+    except BaseException:
+        # Nothing half-built stays behind: the folder is as empty as it was given.
+        for child in out.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        raise
+    (out / STAMP).write_text(digest + "\n")
+    return out
+
+
+def _compile(out: Path, timeout: float) -> None:
+    """Copy both packages into `out` and compile `COMPILED_MODULES` there, in place."""
     for package in PACKAGES:
         root = package_dir(package)
         target = out / Path(*package.split("."))
@@ -121,8 +138,6 @@ def build(out: Path, *, timeout: float = 900) -> Path:
         raise BuildError(f"mypyc failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
     shutil.rmtree(work)
     shutil.rmtree(out / ".mypy_cache", ignore_errors=True)
-    (out / STAMP).write_text(digest + "\n")
-    return out
 
 
 def stale(out: Path) -> bool:

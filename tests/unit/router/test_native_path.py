@@ -48,3 +48,14 @@ def test_the_operator_points_the_picker_where_the_image_keeps_the_compiled_copy(
     assert router_objects.NATIVE_PATH == native.IMAGE_PATH
     dockerfile = (Path(__file__).resolve().parents[3] / "Dockerfile").read_text()
     assert f"build-native --out {native.IMAGE_PATH}" in dockerfile
+
+
+def test_a_failed_build_leaves_its_folder_empty_to_build_into_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "copy"
+    monkeypatch.setattr(native, "_MYPY_OPTIONS", ("--no-such-mypy-option",))
+    with pytest.raises(native.BuildError, match="mypyc failed"):
+        native.build(out)
+    assert list(out.iterdir()) == []
+    assert native.stale(out)
