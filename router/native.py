@@ -140,10 +140,11 @@ def _compile(out: Path, timeout: float) -> None:
     shutil.rmtree(out / ".mypy_cache", ignore_errors=True)
 
 
-def stale(out: Path) -> bool:
-    """Whether the copy in `out` was built from other sources than the installed ones."""
+def stale(out: Path, digest: str | None = None) -> bool:
+    """Whether the copy in `out` was built from other sources than the installed ones (whose
+    `source_digest()` the caller may pass, having computed it already)."""
     stamp = out / STAMP
-    return not stamp.exists() or stamp.read_text().strip() != source_digest()
+    return not stamp.exists() or stamp.read_text().strip() != (digest or source_digest())
 
 
 def compiled_modules() -> list[str]:

@@ -17,25 +17,27 @@ from cacheroute.router import native
 from cacheroute.sandbox.binaries import cache_entry_lock, cache_root, fresh_staging, publish
 
 
-def _entry() -> tuple[str, Path]:
-    key = f"router-native-{native.source_digest()}"
-    return key, cache_root() / key
+def _entry() -> tuple[str, Path, str]:
+    """The cache key and folder of the installed sources' copy, and their digest (hashed once)."""
+    digest = native.source_digest()
+    key = f"router-native-{digest}"
+    return key, cache_root() / key, digest
 
 
 def located() -> Path | None:
     """The cached copy of the installed sources, or None when there is none (or only older ones)."""
-    _key, entry = _entry()
-    return None if native.stale(entry) else entry
+    _key, entry, digest = _entry()
+    return None if native.stale(entry, digest) else entry
 
 
 def ensure() -> Path:
     """The cached copy, compiled first if missing (about 20 s; needs mypy, setuptools and a C
     compiler, `native.BuildError` otherwise)."""
-    key, entry = _entry()
-    if not native.stale(entry):
+    key, entry, digest = _entry()
+    if not native.stale(entry, digest):
         return entry
     with cache_entry_lock(key) as directory:
-        if native.stale(directory):
+        if native.stale(directory, digest):
             staging = fresh_staging(key)
             native.build(staging)
             publish(staging, directory)
