@@ -13,12 +13,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections.abc import Sequence
+from typing import Final
 
-DEFAULT_POINTS_PER_MEMBER = 64
+DEFAULT_POINTS_PER_MEMBER: Final = 64
 # How a router sends keys the plan does not hold: key-seeded p2c, or p2c on two random candidates.
-UNPLANNED_MODES = ("key-p2c", "p2c")
-DEFAULT_UNPLANNED = "key-p2c"
-_MASK = (1 << 64) - 1
+UNPLANNED_MODES: Final = ("key-p2c", "p2c")
+DEFAULT_UNPLANNED: Final = "key-p2c"
+_MASK: Final = (1 << 64) - 1
 
 
 def check_unplanned_mode(mode: str) -> str:

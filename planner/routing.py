@@ -50,33 +50,33 @@ destination indexes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 from cacheroute.planner.keyring import KeyRing
 
 # Bounded affinity: a planned destination takes a request while its load is at most
 # threshold x mean load + slack (in units of the load measure: requests in flight).
-DEFAULT_SPILL_THRESHOLD = 1.5
-DEFAULT_SPILL_SLACK = 2.0
+DEFAULT_SPILL_THRESHOLD: Final = 1.5
+DEFAULT_SPILL_SLACK: Final = 2.0
 # A request follows its prefix while that destination's load is at most ratio x the other
 # choice's + slack.
-DEFAULT_FOLLOW_RATIO = 1.5
-DEFAULT_FOLLOW_SLACK = 2.0
+DEFAULT_FOLLOW_RATIO: Final = 1.5
+DEFAULT_FOLLOW_SLACK: Final = 2.0
 # Candidates of a planned key under key-seeded p2c: at least its two ring candidates.
-MIN_KEY_CANDIDATES = 2
+MIN_KEY_CANDIDATES: Final = 2
 
-PLANNED = "planned"
-SPILLED = "spilled"
-KEY_P2C = "key-p2c"
-P2C = "p2c"
-FOLLOWED = "followed"
-SCORED = "scored"
-OUTCOMES = (PLANNED, SPILLED, KEY_P2C, P2C, FOLLOWED, SCORED)
+PLANNED: Final = "planned"
+SPILLED: Final = "spilled"
+KEY_P2C: Final = "key-p2c"
+P2C: Final = "p2c"
+FOLLOWED: Final = "followed"
+SCORED: Final = "scored"
+OUTCOMES: Final = (PLANNED, SPILLED, KEY_P2C, P2C, FOLLOWED, SCORED)
 # Scoring unplanned requests (step 6): the weights of GIE's prefix and queue scorers in its
 # default profile (CacheRoute's load, which counts queued requests and prompt tokens in flight,
 # stands for the queue; it has no KV-usage term).
-PREFIX_WEIGHT = 3.0
-LOAD_WEIGHT = 2.0
+PREFIX_WEIGHT: Final = 3.0
+LOAD_WEIGHT: Final = 2.0
 
 D = TypeVar("D")
 D_contra = TypeVar("D_contra", contravariant=True)

@@ -24,10 +24,12 @@ bytes per token, so its estimates start right where the router's converge.
 
 from __future__ import annotations
 
-DEFAULT_TOKENS_PER_LOAD_UNIT = 4096
-BYTES_PER_TOKEN = 4
+from typing import Final
+
+DEFAULT_TOKENS_PER_LOAD_UNIT: Final = 4096
+BYTES_PER_TOKEN: Final = 4
 # Weight of the newest observation in the learned ratio: about the last 200 responses count.
-_LEARNING_RATE = 0.005
+_LEARNING_RATE: Final = 0.005
 # Ratios outside this range come from bodies that are mostly not prompt (images, tools): ignored.
 _MIN_RATIO, _MAX_RATIO = 0.02, 2.0
 

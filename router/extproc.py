@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -60,11 +60,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-METADATA_NAMESPACE = "envoy.lb"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+SERVICE: Final = "envoy.service.ext_proc.v3.ExternalProcessor"
+DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
+METADATA_NAMESPACE: Final = "envoy.lb"
+SUBSET_NAMESPACE: Final = "envoy.lb.subset_hint"
+SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
 
 _Mode = processing_mode_pb2.ProcessingMode
 BODY_MODE_BY_NAME = {
@@ -74,28 +74,32 @@ BODY_MODE_BY_NAME = {
     "buffered-partial": _Mode.BUFFERED_PARTIAL,
     "full-duplex": _Mode.FULL_DUPLEX_STREAMED,
 }
-_BUFFERED_MODES = frozenset((_Mode.BUFFERED, _Mode.BUFFERED_PARTIAL))
-_FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
+_BUFFERED_MODES: Final = frozenset((_Mode.BUFFERED, _Mode.BUFFERED_PARTIAL))
+_FULL_DUPLEX: Final = _Mode.FULL_DUPLEX_STREAMED
 # A content-length past this is not believed (no prompt is a gigabyte): the size counts as unknown.
-MAX_CONTENT_LENGTH = 1 << 30
-_MAX_CONTENT_LENGTH_DIGITS = len(str(MAX_CONTENT_LENGTH))
+MAX_CONTENT_LENGTH: Final = 1 << 30
+_MAX_CONTENT_LENGTH_DIGITS: Final = len(str(MAX_CONTENT_LENGTH))
+# The decision clock, held here rather than looked up on the module for every request.
+_clock: Final = time.perf_counter
 # Seconds between two logged tracebacks of failed messages (the rest are counted only).
-ERROR_LOG_INTERVAL = 60.0
+ERROR_LOG_INTERVAL: Final = 60.0
 
 # A serialized ProcessingResponse.
 Reply = bytes
 
-parse_message = pb.ProcessingRequest.FromString
+parse_message: Final = pb.ProcessingRequest.FromString
 
-_HEADERS_CONTINUE: Reply = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
-_BODY_CONTINUE: Reply = pb.ProcessingResponse(request_body=pb.BodyResponse()).SerializeToString()
-_TRAILERS_CONTINUE: Reply = pb.ProcessingResponse(request_trailers=pb.TrailersResponse()).SerializeToString()
-RESPONSE_HEADERS_CONTINUE: Reply = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
-_RESPONSE_BODY_CONTINUE: Reply = pb.ProcessingResponse(response_body=pb.BodyResponse()).SerializeToString()
-_RESPONSE_TRAILERS_CONTINUE: Reply = pb.ProcessingResponse(
+_HEADERS_CONTINUE: Final[Reply] = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
+_BODY_CONTINUE: Final[Reply] = pb.ProcessingResponse(request_body=pb.BodyResponse()).SerializeToString()
+_TRAILERS_CONTINUE: Final[Reply] = pb.ProcessingResponse(request_trailers=pb.TrailersResponse()).SerializeToString()
+RESPONSE_HEADERS_CONTINUE: Final[Reply] = pb.ProcessingResponse(
+    response_headers=pb.HeadersResponse()
+).SerializeToString()
+_RESPONSE_BODY_CONTINUE: Final[Reply] = pb.ProcessingResponse(response_body=pb.BodyResponse()).SerializeToString()
+_RESPONSE_TRAILERS_CONTINUE: Final[Reply] = pb.ProcessingResponse(
     response_trailers=pb.TrailersResponse()
 ).SerializeToString()
-_NO_ENDPOINT: Reply = pb.ProcessingResponse(
+_NO_ENDPOINT: Final[Reply] = pb.ProcessingResponse(
     immediate_response=pb.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=http_status_pb2.ServiceUnavailable),
         body=b"no ready endpoint\n",
@@ -233,7 +237,7 @@ class Exchange:
         self.overflow = False
         self.doc: dict[str, Any] | None = None
         # The prompt's prefix ids, when the picker follows prefixes and the body was parsed.
-        self.chain: list[int] = []
+        self.chain: Sequence[int] = ()
         self.pending_parse = False
         self.prefix_tokens = 0
         self.usage_tokens: int | None = None
@@ -268,7 +272,7 @@ class Exchange:
         if kind == wire.RESPONSE_HEADERS:
             return [RESPONSE_HEADERS_CONTINUE]
         if kind == wire.REQUEST_HEADERS and not self.decided:
-            started = time.perf_counter()
+            started = _clock()
             patterns = self.core.picker.header_patterns
             found = wire.read_request_headers(data, at, patterns) if patterns is not None else None
             if found is not None:
@@ -285,7 +289,7 @@ class Exchange:
         if self.decided:
             # A second request_headers (or headers after the body): one request, one decision.
             return [_HEADERS_CONTINUE]
-        started = time.perf_counter()
+        started = _clock()
         if req.HasField("protocol_config"):
             self.request_mode = req.protocol_config.request_body_mode
             self.response_mode = req.protocol_config.response_body_mode
@@ -392,7 +396,7 @@ class Exchange:
     # --- deciding ---------------------------------------------------------------------------------
 
     def _decide_from_body(self, phase: str) -> Reply:
-        started = time.perf_counter()
+        started = _clock()
         metrics = self.core.metrics
         if self.overflow:
             metrics.body_fallbacks["too_large"] += 1
@@ -425,7 +429,7 @@ class Exchange:
         metrics = core.metrics
         metrics.decisions[decision.outcome] += 1
         if decision.outcome == NONE:
-            metrics.decision_seconds.observe(time.perf_counter() - started)
+            metrics.decision_seconds.observe(_clock() - started)
             self.decided = True
             return _NO_ENDPOINT
         endpoints = decision.endpoints
@@ -435,7 +439,7 @@ class Exchange:
         self.endpoint = primary
         value = primary.address if len(endpoints) == 1 else ",".join(e.address for e in endpoints)
         response = core.replies.get((phase, value)) or core.route_response(phase, value)
-        metrics.decision_seconds.observe(time.perf_counter() - started)
+        metrics.decision_seconds.observe(_clock() - started)
         # Decided once the reply exists: a failure before this point is answered by `recover` with
         # the fallback decision (this endpoint goes back), not passed through without a destination.
         self.decided = True
@@ -449,9 +453,9 @@ class Exchange:
         self.pending_parse = False
         if kind in ("request_headers", "request_body", "request_trailers") and not self.decided:
             self.key = None
-            self.chain = []
+            self.chain = ()
             buffered_body = kind == "request_body" and self.request_mode != _FULL_DUPLEX
-            reply = self._decide("body" if buffered_body else "headers", time.perf_counter())
+            reply = self._decide("body" if buffered_body else "headers", _clock())
             if self.request_mode == _FULL_DUPLEX and kind != "request_headers":
                 eos = kind == "request_body" and req.request_body.end_of_stream
                 replies = self._release_held(reply, eos)
@@ -497,7 +501,7 @@ class Exchange:
             self.core.report_error("stream end")
 
 
-_PASS_THROUGH = {
+_PASS_THROUGH: Final = {
     "request_headers": _HEADERS_CONTINUE,
     "request_body": _BODY_CONTINUE,
     "request_trailers": _TRAILERS_CONTINUE,

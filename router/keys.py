@@ -23,18 +23,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from cacheroute.planner.plan import KeyExtraction, affinity_key_hash
 
-CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN: Final = 4
 # No model reads a prompt of a hundred million tokens: a larger usage figure is a broken upstream.
-MAX_USAGE_TOKENS = 100_000_000
+MAX_USAGE_TOKENS: Final = 100_000_000
 
-HEADER = "header"
-BODY = "body"
-SESSION = "session"
-PROMPT = "prompt"
+HEADER: Final = "header"
+BODY: Final = "body"
+SESSION: Final = "session"
+PROMPT: Final = "prompt"
 
 
 class Key(NamedTuple):
@@ -200,7 +200,7 @@ def estimate_prefix_tokens(body: bytes) -> int:
     return -(-(last - start) // CHARS_PER_TOKEN)
 
 
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})(?![\d.eE])')
+_PROMPT_TOKENS: Final = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})(?![\d.eE])')
 
 
 def usage_prompt_tokens(chunk: bytes) -> int | None:

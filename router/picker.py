@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Collection, Sequence
 from operator import attrgetter
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, KeyRing, check_unplanned_mode
 from cacheroute.planner.plan import KeyExtraction
@@ -46,8 +46,8 @@ from cacheroute.router.settings import KeyOverrides
 from cacheroute.router.table import RoutingTable, resolve_groups
 from cacheroute.router.wire import header_patterns
 
-NONE = "none"
-OUTCOMES = (PLANNED, SPILLED, P2C, FOLLOWED, SCORED, NONE)
+NONE: Final = "none"
+OUTCOMES: Final = (PLANNED, SPILLED, P2C, FOLLOWED, SCORED, NONE)
 
 
 class Decision(NamedTuple):
@@ -58,8 +58,8 @@ class Decision(NamedTuple):
     charge: int = 0
 
 
-_NO_ENDPOINT = Decision(NONE, ())
-_new_decision = tuple.__new__
+_NO_ENDPOINT: Final = Decision(NONE, ())
+_new_decision: Final = tuple.__new__
 
 
 class _View(NamedTuple):
@@ -89,7 +89,7 @@ class _EndpointLoads:
         self.load = load
 
 
-_is_ready: Callable[[Endpoint], bool] = attrgetter("ready")
+_is_ready: Final[Callable[[Endpoint], bool]] = attrgetter("ready")
 
 
 def _ready_within(allowed: Collection[str]) -> Callable[[Endpoint], bool]:

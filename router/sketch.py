@@ -94,7 +94,11 @@ class HeavyKeys:
 
     def add(self, key: int, prompt_tokens: int = 0, prefix_tokens: int = 0, name: str | None = None) -> None:
         """Count one request of `key` with its token counts."""
-        with self._lock:
+        # Acquired and released by name: compiled, a with statement looks up the lock's two special
+        # methods on every request.
+        lock = self._lock
+        lock.acquire()
+        try:
             self._total_requests += 1
             self._total_prompt += prompt_tokens
             self._total_prefix += prefix_tokens
@@ -105,6 +109,8 @@ class HeavyKeys:
             entry.requests += 1
             entry.prompt_tokens += prompt_tokens
             entry.prefix_tokens += prefix_tokens
+        finally:
+            lock.release()
 
     def _admit(self, key: int, name: str | None) -> _Entry:
         if len(self._entries) < self.capacity:

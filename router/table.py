@@ -8,6 +8,7 @@ separately (`resolve_groups`), because endpoints can change while the plan does 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from cacheroute.planner.routing import DEFAULT_SPILL_THRESHOLD
 from cacheroute.router.endpoints import Endpoint, EndpointPool
 
 # Destination lists up to this length are grouped with numpy; longer ones (rare) in Python.
-_PACKED_MAX = 3
+_PACKED_MAX: Final = 3
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,18 +28,19 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from itertools import product
+from typing import Final
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 # ProcessingRequest fields (envoy/service/ext_proc/v3/external_processor.proto) as tag bytes:
 # field number << 3 | wire type 2 (length-delimited).
-REQUEST_HEADERS = 2 << 3 | 2
-RESPONSE_HEADERS = 3 << 3 | 2
+REQUEST_HEADERS: Final = 2 << 3 | 2
+RESPONSE_HEADERS: Final = 3 << 3 | 2
 # HttpHeaders.headers, HeaderMap.headers and HeaderValue.key are all field 1; raw_value is 3.
-_FIELD_1 = 1 << 3 | 2
-_RAW_VALUE = 3 << 3 | 2
-PROTOCOL_CONFIG = 11 << 3 | 2
+_FIELD_1: Final = 1 << 3 | 2
+_RAW_VALUE: Final = 3 << 3 | 2
+PROTOCOL_CONFIG: Final = 11 << 3 | 2
 
 # Per wanted header name: its key field and that field's length.
 Patterns = tuple[tuple[str, bytes, int], ...]
@@ -57,10 +58,10 @@ def _protocol_tails() -> dict[bytes, tuple[int, int] | None]:
     return tails
 
 
-_TAILS = _protocol_tails()
-_UNKNOWN = (-1, -1)  # a tail the table does not hold
+_TAILS: Final = _protocol_tails()
+_UNKNOWN: Final = (-1, -1)  # a tail the table does not hold
 # What may follow the header map inside HttpHeaders: the end_of_stream flag, or nothing.
-_END_OF_STREAM = {b"": False, pb.HttpHeaders(end_of_stream=True).SerializeToString(): True}
+_END_OF_STREAM: Final = {b"": False, pb.HttpHeaders(end_of_stream=True).SerializeToString(): True}
 
 
 # What `read_request_headers` finds: the end-of-stream flag, the (request, response) body modes

@@ -386,12 +386,13 @@ def bench_instructions(
     again (`callgrind_control`). The count covers everything the process does meanwhile. Under
     valgrind a stream takes some 20 times longer, so the router's time-driven work would count 20
     times its real share per stream: its endpoint scraping (16 fetches of /metrics a second here)
-    is set to once an hour for this section (docs/router.md); plan polling stays.
+    and its polling of the plan directory (5 a second; the plan is loaded before the router is
+    ready) are set to once an hour for this section (docs/router.md).
     """
     valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
     if valgrind is None or control is None:
         return None
-    router_args = [*router_args, "--scrape-interval", "3600"]
+    router_args = [*router_args, "--scrape-interval", "3600", "--plan-poll-interval", "3600"]
     servers = ["constant_servicer", "router", "router_interpreted"]
     out: dict[str, Any] = {"streams": INSTRUCTION_STREAMS, "warmup_streams": INSTRUCTION_WARMUP}
     for name in servers:
