@@ -70,7 +70,9 @@ class GuardSpec(ApiModel):
     replay_duration: Duration = Field(
         default="2m",
         description=(
-            "Traffic replayed per verdict, synthesised from the window's statistics; the first half warms caches."
+            "Traffic replayed per verdict, synthesised from the window's statistics; the first half warms caches. "
+            "Thin traffic is replayed longer, until 2,000 requests are measured (at most 30 minutes), and a "
+            "verdict close to a limit is taken on the median of three such windows."
         ),
     )
 

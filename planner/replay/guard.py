@@ -20,11 +20,23 @@ degrades to its per-request routing rather than below it. The plan in effect is 
 looser rules (`current_holds`, `worse_than_no_plan`): one that has become clearly worse than no
 plan (the traffic changed since it was applied) is withdrawn rather than kept. Caches start cold: the
 first `warmup_fraction` of the window only warms them.
+
+A window synthesised from statistics is one draw of the traffic they describe, and a p99 over a few
+hundred requests is set by a handful of them: on a small pool, one draw passed a plan and the next
+rejected it. So `guard_from_stats` lengthens a thin window until its measured part holds
+`min_measured_requests`, and a verdict within `close_margin` of any of its limits is taken again on
+the median figures of `close_replays` draws (`close_to_a_limit`) when the window is thin enough for
+a draw to matter and for three replays to cost little.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
 
 from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Plan
@@ -49,6 +61,19 @@ class GuardSettings:
     warmup_fraction: float = 0.5
     # How much recent traffic a replay-time guard (the `cacheroute-guard` policy) replays.
     window_s: float = 120.0
+    # A synthesised window (`guard_from_stats`) is lengthened until its measured part holds this
+    # many requests (its p99 then rests on the 20 slowest), up to `max_duration_s`.
+    min_measured_requests: int = 2000
+    max_duration_s: float = 1800.0
+    # A verdict whose p99 TTFT lies within this share of a limit, or whose KV hit lies within
+    # `close_kv_hit` of one, is judged again on the median of `close_replays` synthesised windows.
+    # Windows measuring more requests than `close_max_measured` are judged once: their figures
+    # move little between draws, and three replays of 128,824 keys would cost a control period
+    # seconds (one took 4.2 CPU-s, 1.5 s on a faster machine).
+    close_margin: float = 0.15
+    close_kv_hit: float = 0.01
+    close_replays: int = 3
+    close_max_measured: int = 5000
 
     def __post_init__(self) -> None:
         if not self.slo_p99_ttft_s > 0:
@@ -59,6 +84,10 @@ class GuardSettings:
             raise ValueError("guard warmup_fraction must be in [0, 1)")
         if not self.window_s > 0:
             raise ValueError("guard window must be positive")
+        if self.min_measured_requests < 0 or not self.max_duration_s > 0:
+            raise ValueError("guard min_measured_requests must not be negative, max_duration_s must be positive")
+        if self.close_margin < 0 or self.close_kv_hit < 0 or self.close_replays < 1 or self.close_max_measured < 0:
+            raise ValueError("guard close margins must not be negative, close_replays must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -113,6 +142,11 @@ def guard(
     cand = summarize(replay_trace(window, Planned(candidate, routing=routing), cfg))
     base = summarize(replay_trace(window, Planned(None, routing=routing), cfg))
     cur = summarize(replay_trace(window, Planned(current, routing=routing), cfg)) if current is not None else None
+    return judge(cand, base, cur, s)
+
+
+def judge(cand: ReplayMetrics, base: ReplayMetrics, cur: ReplayMetrics | None, s: GuardSettings) -> GuardVerdict:
+    """The verdict on replayed figures: the candidate's, no plan's and the plan in effect's."""
     reasons = shortfalls(cand, base, s, s.min_kv_hit_gain)
     current_reasons = worse_than_no_plan(cur, base, s) if cur is not None else []
     better = cur is None or cand.ttft_p99_s <= cur.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
@@ -162,10 +196,63 @@ def guard_from_stats(
     seed: int = 0,
     routing: RoutingSettings = CACHEROUTE_ROUTING,
 ) -> GuardVerdict:
-    """`guard` on `duration_s` of traffic synthesised from per-key statistics
-    (`window.window_from_stats`): what the operator can run from Prometheus data alone."""
-    window = window_from_stats(stats, duration_s=duration_s, seed=seed)
-    return guard(window, candidate, current, profile=profile, settings=settings, seed=seed, routing=routing)
+    """`guard` on at least `duration_s` of traffic synthesised from per-key statistics
+    (`window.window_from_stats`): what the operator can run from Prometheus data alone. A thin
+    window is lengthened and a close verdict taken again on more windows (module docstring)."""
+    s = settings or GuardSettings()
+    duration = replay_duration(stats, duration_s, s)
+
+    def verdict(draw: int) -> GuardVerdict:
+        window = window_from_stats(stats, duration_s=duration, seed=seed + draw)
+        return guard(window, candidate, current, profile=profile, settings=s, seed=seed + draw, routing=routing)
+
+    first = verdict(0)
+    if s.close_replays < 2 or first.candidate.measured > s.close_max_measured or not close_to_a_limit(first, s):
+        return first
+    verdicts = [first, *(verdict(draw) for draw in range(1, s.close_replays))]
+    cur = [v.current for v in verdicts if v.current is not None]
+    median = judge(median_metrics([v.candidate for v in verdicts]), median_metrics([v.baseline for v in verdicts]),
+                   median_metrics(cur) if cur else None, s)
+    return replace(median, reason=f"{median.reason} (median of {len(verdicts)} replays: the first was close)")
+
+
+def replay_duration(stats: KeyStats, duration_s: float, s: GuardSettings) -> float:
+    """`duration_s`, lengthened (up to `s.max_duration_s`) until the measured part of a window
+    synthesised from `stats` is expected to hold `s.min_measured_requests`."""
+    rate = float(np.sum(stats.rate)) + stats.unkeyed.rate
+    if not rate > 0:
+        return duration_s
+    wanted = s.min_measured_requests / (rate * (1.0 - s.warmup_fraction))
+    return max(duration_s, min(wanted, s.max_duration_s))
+
+
+def close_to_a_limit(v: GuardVerdict, s: GuardSettings) -> bool:
+    """Whether another draw of the window could plausibly turn `v`: a p99 TTFT within
+    `s.close_margin` of the SLO or of the limit set by another replay's p99, or a KV hit within
+    `s.close_kv_hit` of the gain asked for (or of the withdrawal margin)."""
+    cand, base, cur = v.candidate, v.baseline, v.current
+
+    def near(x: float, limit: float) -> bool:
+        return math.isfinite(x) and math.isfinite(limit) and limit > 0 and abs(x / limit - 1.0) <= s.close_margin
+
+    def p99_limit(of: ReplayMetrics) -> float:
+        return of.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
+
+    p99s = [(cand.ttft_p99_s, p99_limit(base)), (cand.ttft_p99_s, s.slo_p99_ttft_s)]
+    kv = [cand.kv_hit - (base.kv_hit + s.min_kv_hit_gain)]
+    if cur is not None:
+        p99s += [(cur.ttft_p99_s, s.slo_p99_ttft_s), (cand.ttft_p99_s, p99_limit(cur))]
+        kv.append(cur.kv_hit - (base.kv_hit - s.withdraw_kv_margin))
+    return any(near(x, limit) for x, limit in p99s) or any(abs(d) <= s.close_kv_hit for d in kv)
+
+
+def median_metrics(replays: Sequence[ReplayMetrics]) -> ReplayMetrics:
+    """Each figure of `replays` as its median (the first replay's policy name and abort flag)."""
+    figures: dict[str, Any] = {f.name: float(np.median([getattr(r, f.name) for r in replays]))
+                               for f in fields(ReplayMetrics) if f.type in ("float", float)}
+    figures.update(requests=int(np.median([r.requests for r in replays])),
+                   measured=int(np.median([r.measured for r in replays])), aborted=any(r.aborted for r in replays))
+    return replace(replays[0], **figures)
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ def demo_manifests(settings: DemoSettings) -> list[dict[str, Any]]:
             elif doc["kind"] == "AffinityPlan":
                 doc["metadata"]["name"] = settings.plan
                 doc["spec"]["poolRef"]["name"] = settings.pool
+                doc["spec"].setdefault("guard", {})["enabled"] = settings.guard
             objects.append(doc)
     return objects
 

@@ -101,8 +101,9 @@ def run_demo(
     run.warmups.append(send("warm-up (p2c)", first.warmup))
     run.phases.append(send("p2c", first.measured))
     done("phase p2c")
-    say("AffinityPlan mode Auto: the operator plans from the metrics of the first phase, the guard "
-        "replays the candidate, the router loads the plan")
+    judged = "the guard replays the candidate" if settings.guard else "no guard (spec.guard.enabled false)"
+    say(f"AffinityPlan mode Auto: the operator plans from the metrics of the first phase, {judged}, the router "
+        "loads the plan")
     run.plan_object = switch_to_auto(api, settings, routers, window_s=time.time() - run.warmups[0].started_at)
     run.plan = published_plan(api, settings)
     done("plan published")

@@ -62,3 +62,11 @@ def test_the_pool_applied_routes_with_or_without_prefix_following_as_the_setting
         return bool(pool["spec"]["router"]["followPrefixes"])
 
     assert following(FULL) and not following(SHORT)
+
+
+def test_the_short_variant_applies_its_plan_without_the_guard_and_make_demo_with_it() -> None:
+    def guarded(settings: DemoSettings) -> bool:
+        [plan] = [d for d in demo_manifests(settings) if d["kind"] == "AffinityPlan"]
+        return bool(plan["spec"]["guard"]["enabled"])
+
+    assert guarded(FULL) and not guarded(SHORT)
