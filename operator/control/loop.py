@@ -362,6 +362,7 @@ class PlanLoop:
             if verdict is not None and _withdraws(w, verdict):
                 return await self._withdraw(w, verdict, figures)
             if verdict is not None:
+                result.status.update(_in_effect_figures(w, verdict))
                 _rejected(w, f"lost in the guard: {verdict.reason}")
             return result
         if w.spec.mode == "Shadow":
@@ -559,12 +560,32 @@ def _withdraws(w: _Work, verdict: GuardVerdict) -> bool:
     )
 
 
+def _in_effect_figures(w: _Work, verdict: GuardVerdict) -> dict[str, Any]:
+    """The status figures of the plan that stays after a rejection (docs/affinity-plan.md: the
+    figures describe the plan in effect), so none are left from a period of another mode: its
+    routes, and the guard's replay of it on this window."""
+    current = w.current.plan
+    if current is None:
+        return {}
+    # A plan without routes (the pool's empty plan) routes as no plan: the baseline's replay.
+    replayed = verdict.current if len(current) and verdict.current is not None else verdict.baseline
+    p99 = replayed.ttft_p99_s
+    return {
+        "admittedKeys": len(current),
+        "coveredRequestShare": _share(current.summary.admitted_request_share) if len(current) else 0.0,
+        "predictedKvHit": _share(replayed.kv_hit),
+        "predictedP99TtftSeconds": p99 if math.isfinite(p99) else None,
+    }
+
+
 def _rejected(w: _Work, reason: str) -> bool:
     """Record a candidate the guard turned down (the plan in effect stays); returns False."""
     result = w.result
     assert result.payload is not None
     result.outcome = "rejected"
-    stays = f"plan {w.current.version} stays" if w.current.plan is not None else "no plan is in effect"
+    current = w.current.plan
+    routes = "" if current is None or len(current) else " (no routes: every key by the routers' own choice)"
+    stays = f"plan {w.current.version}{routes} stays" if current is not None else "no plan is in effect"
     message = f"candidate {result.payload.version} {reason}; {stays}"
     result.add(
         Finding(cond.APPLIED, False, cond.GUARD_REJECTED, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED)

@@ -72,7 +72,12 @@ def test_a_plan_in_effect_worse_than_no_plan_is_withdrawn(env: ControlEnv) -> No
     from kubernetes import client
 
     kube_api, namespace = env.api, env.namespace
-    traffic = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    # 40 keys of 9,000 reusable tokens: 360,000 in all, more than one destination's KV (255,632
+    # tokens here) holds, and a quarter of it (90,000) per destination of four. Piled on one, they
+    # evict each other however long the guard's window (69.5 % against 84.5 % without a plan in
+    # one run); with shorter prefixes the pile fits, and only a short window's cold start told
+    # them apart.
+    traffic = zipf_traffic(40, 5.0, prompt=10000, prefix_share=0.9, exponent=1.0)
     env.fleet("llama").set_traffic(traffic)
     env.operator(prometheus_url=env.prometheus_url)
     # Four destinations: no plan keeps each key on two of them, the pile on one (and spills).
@@ -109,3 +114,34 @@ def test_a_plan_in_effect_worse_than_no_plan_is_withdrawn(env: ControlEnv) -> No
     obj = wait_for_period_after(kube_api, namespace, "llama", obj["status"]["lastPeriodTime"])
     assert condition(obj, "Applied")["reason"] == "GuardRejected"
     assert obj["status"]["planVersion"] == withdrawn
+
+
+def test_after_shadow_a_rejected_candidate_leaves_the_figures_of_the_empty_plan_in_effect(env: ControlEnv) -> None:
+    from kubernetes import client
+
+    kube_api, namespace = env.api, env.namespace
+    traffic = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    env.fleet("llama").set_traffic(traffic)
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool("llama")
+    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    create_plan(kube_api, namespace, plan_manifest("llama", "llama", mode="Shadow", controlPeriod="2s",
+                                                   metricsWindow=f"{WINDOW}s"))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "ShadowMode",
+             timeout=90, what="a Shadow period")
+    shadow = get_plan(kube_api, namespace, "llama")["status"]
+    # Shadow reports the plan it would apply.
+    assert shadow["admittedKeys"] > 0
+    # Auto, asking for 90 points of KV hit over no plan: the candidate loses, and only the pool's
+    # empty plan is in effect. The status describes that plan, not what Shadow would have applied.
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "affinityplans", "llama", {"spec": {"mode": "Auto", "guard": {"minKvHitGain": 0.9}}})
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "GuardRejected",
+             timeout=90, what="Applied=False GuardRejected")
+    obj = get_plan(kube_api, namespace, "llama")
+    assert obj["status"]["admittedKeys"] == 0
+    assert obj["status"]["coveredRequestShare"] == 0
+    assert obj["status"]["planVersion"] == shadow["planVersion"]
+    assert "(no routes" in condition(obj, "Applied")["message"]
+    # The predicted figures are the guard's replay of the empty plan, not Shadow's candidate.
+    assert obj["status"]["predictedKvHit"] < shadow["predictedKvHit"]
