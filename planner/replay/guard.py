@@ -247,7 +247,7 @@ def close_to_a_limit(v: GuardVerdict, s: GuardSettings) -> bool:
 
 
 def median_metrics(replays: Sequence[ReplayMetrics]) -> ReplayMetrics:
-    """Each figure of `replays` as its median (the first replay's policy name and abort flag)."""
+    """Each figure of `replays` as its median (the first replay's policy name; aborted if any one was)."""
     figures: dict[str, Any] = {f.name: float(np.median([getattr(r, f.name) for r in replays]))
                                for f in fields(ReplayMetrics) if f.type in ("float", float)}
     figures.update(requests=int(np.median([r.requests for r in replays])),
