@@ -149,7 +149,7 @@ def judge(cand: ReplayMetrics, base: ReplayMetrics, cur: ReplayMetrics | None, s
     """The verdict on replayed figures: the candidate's, no plan's and the plan in effect's."""
     reasons = shortfalls(cand, base, s, s.min_kv_hit_gain)
     current_reasons = worse_than_no_plan(cur, base, s) if cur is not None else []
-    better = cur is None or cand.ttft_p99_s <= cur.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
+    better = cur is None or cand.ttft_p99_s <= p99_limit(cur, s)
     passed = not reasons
     reason = "; ".join(reasons) if reasons else (
         f"predicted KV hit {cand.kv_hit:.1%} (without a plan {base.kv_hit:.1%}), p99 TTFT "
@@ -171,9 +171,14 @@ def worse_than_no_plan(plan: ReplayMetrics, base: ReplayMetrics, s: GuardSetting
     return reasons
 
 
+def p99_limit(other: ReplayMetrics, s: GuardSettings) -> float:
+    """The highest p99 TTFT that is not worse than `other`'s: the tolerances on top of it."""
+    return other.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
+
+
 def shortfalls(plan: ReplayMetrics, base: ReplayMetrics, s: GuardSettings, min_kv_hit_gain: float) -> list[str]:
     """What a plan's predicted figures fall short by against no plan's (module docstring)."""
-    limit = base.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
+    limit = p99_limit(base, s)
     reasons = []
     if plan.ttft_p99_s > s.slo_p99_ttft_s and plan.ttft_p99_s > base.ttft_p99_s:
         reasons.append(f"p99 TTFT {plan.ttft_p99_s:.2f}s misses the SLO {s.slo_p99_ttft_s:.2f}s")
@@ -219,7 +224,7 @@ def guard_from_stats(
 def replay_duration(stats: KeyStats, duration_s: float, s: GuardSettings) -> float:
     """`duration_s`, lengthened (up to `s.max_duration_s`) until the measured part of a window
     synthesised from `stats` is expected to hold `s.min_measured_requests`."""
-    rate = float(np.sum(stats.rate)) + stats.unkeyed.rate
+    rate = stats.total_rate
     if not rate > 0:
         return duration_s
     wanted = s.min_measured_requests / (rate * (1.0 - s.warmup_fraction))
@@ -235,13 +240,10 @@ def close_to_a_limit(v: GuardVerdict, s: GuardSettings) -> bool:
     def near(x: float, limit: float) -> bool:
         return math.isfinite(x) and math.isfinite(limit) and limit > 0 and abs(x / limit - 1.0) <= s.close_margin
 
-    def p99_limit(of: ReplayMetrics) -> float:
-        return of.ttft_p99_s * (1 + s.tolerance) + s.tolerance_s
-
-    p99s = [(cand.ttft_p99_s, p99_limit(base)), (cand.ttft_p99_s, s.slo_p99_ttft_s)]
+    p99s = [(cand.ttft_p99_s, p99_limit(base, s)), (cand.ttft_p99_s, s.slo_p99_ttft_s)]
     kv = [cand.kv_hit - (base.kv_hit + s.min_kv_hit_gain)]
     if cur is not None:
-        p99s += [(cur.ttft_p99_s, s.slo_p99_ttft_s), (cand.ttft_p99_s, p99_limit(cur))]
+        p99s += [(cur.ttft_p99_s, s.slo_p99_ttft_s), (cand.ttft_p99_s, p99_limit(cur, s))]
         kv.append(cur.kv_hit - (base.kv_hit - s.withdraw_kv_margin))
     return any(near(x, limit) for x, limit in p99s) or any(abs(d) <= s.close_kv_hit for d in kv)
 
