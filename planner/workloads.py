@@ -33,12 +33,18 @@ Presets:
   and few follow-ups. Replayed on 30 default destinations at 40 QPS, p2c serves ~1 % of prompt
   tokens from cache and key affinity (sticky hash, CacheRoute) ~12 % (tests/unit/replay); with
   one infinite cache the bound would be ~20 %.
+
+`sampled` (`sampled_spec`): a workload whose every parameter is drawn from `--seed` over wide
+ranges (`SAMPLED_RANGES`), so that a method can be checked on workloads nobody chose: key count,
+skew, multi-turn share and turn count, turn gaps, a shared system prompt or none, prefix,
+message and answer sizes and their spreads.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -155,6 +161,88 @@ PRESETS: dict[str, WorkloadSpec] = {
         duration_s=3600.0,
     ),
 }
+
+
+SAMPLED: Final = "sampled"
+# The ranges `sampled_spec` draws from ("log" ones uniformly in the logarithm). Keys are bounded
+# by the request count so that every key gets a thread and the top keys' share stays reachable.
+SAMPLED_RANGES: Final[dict[str, tuple[float, float, str]]] = {
+    "keys": (100.0, 1.0 / 12.0, "log, at most this fraction of the requests"),
+    "top_key_fraction": (0.01, 0.10, "uniform"),
+    "top_key_request_share": (0.10, 0.60, "uniform, at least top_key_fraction + 0.05"),
+    "multi_turn_share": (0.0, 0.90, "uniform"),
+    "mean_turns": (2.0, 8.0, "uniform"),
+    "turn_gap_median_s": (10.0, 300.0, "log"),
+    "turn_gap_sigma": (0.3, 1.2, "uniform"),
+    "prefix_median_tokens": (128.0, 8000.0, "log"),
+    "prefix_sigma": (0.2, 1.2, "uniform"),
+    "message_median_tokens": (30.0, 3000.0, "log"),
+    "message_sigma": (0.3, 1.0, "uniform"),
+    "output_median_tokens": (50.0, 800.0, "log"),
+    "output_sigma": (0.3, 1.0, "uniform"),
+}
+# A system prompt common to every key: none in two draws of five, else one of these sizes.
+SAMPLED_SHARED_PREFIX_TOKENS: Final = (0, 0, 256, 1024, 3072)
+SAMPLED_QPS: Final = 30.0
+SAMPLED_DURATION_S: Final = 900.0
+
+
+def sampled_spec(seed: int, *, qps: float = SAMPLED_QPS, duration_s: float = SAMPLED_DURATION_S) -> WorkloadSpec:
+    """A workload with every parameter drawn from `seed` (`SAMPLED_RANGES`); the draw of its
+    requests uses the same seed."""
+    if seed < 0:
+        raise ValueError(f"workload {SAMPLED}: the seed must not be negative, got {seed}")
+    rng = np.random.default_rng([0x5A17, seed])
+    r = SAMPLED_RANGES
+
+    def uniform(name: str, lo: float | None = None) -> float:
+        a, b, _ = r[name]
+        return float(rng.uniform(a if lo is None else lo, b))
+
+    def log_uniform(name: str, hi: float | None = None) -> float:
+        a, b, _ = r[name]
+        return float(math.exp(rng.uniform(math.log(a), math.log(b if hi is None else hi))))
+
+    requests = qps * duration_s
+    key_lo, key_share, _ = r["keys"]
+    if requests * key_share < key_lo:
+        raise ValueError(
+            f"workload {SAMPLED}: {requests:.0f} requests (qps x duration) are too few for "
+            f"{key_lo:.0f} keys; raise qps or the duration"
+        )
+    keys = round(log_uniform("keys", hi=requests * key_share))
+    top_fraction = uniform("top_key_fraction")
+    top_share = uniform("top_key_request_share", lo=top_fraction + 0.05)
+    return WorkloadSpec(
+        name=f"{SAMPLED}-{seed}",
+        keys=keys,
+        top_key_fraction=top_fraction,
+        top_key_request_share=top_share,
+        multi_turn_share=uniform("multi_turn_share"),
+        mean_turns=uniform("mean_turns"),
+        turn_gap_median_s=log_uniform("turn_gap_median_s"),
+        turn_gap_sigma=uniform("turn_gap_sigma"),
+        shared_prefix_tokens=int(rng.choice(SAMPLED_SHARED_PREFIX_TOKENS)),
+        prefix_median_tokens=log_uniform("prefix_median_tokens"),
+        prefix_sigma=uniform("prefix_sigma"),
+        message_median_tokens=log_uniform("message_median_tokens"),
+        message_sigma=uniform("message_sigma"),
+        output_median_tokens=log_uniform("output_median_tokens"),
+        output_sigma=uniform("output_sigma"),
+        qps=qps,
+        duration_s=duration_s,
+        block_size=256,
+        seed=seed,
+    )
+
+
+def workload_spec(name: str, seed: int) -> WorkloadSpec:
+    """A preset drawn with `seed`, or (`sampled`) the workload `seed` draws."""
+    if name == SAMPLED:
+        return sampled_spec(seed)
+    if name not in PRESETS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join([*sorted(PRESETS), SAMPLED])}")
+    return preset(name, seed=seed)
 
 
 def preset(name: str, **overrides: object) -> WorkloadSpec:

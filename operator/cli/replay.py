@@ -25,11 +25,12 @@ from cacheroute.planner.replay.registry import POLICIES, make_policy, policy_nam
 from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.trace import RequestTrace
 from cacheroute.planner.tracestats import TraceStats, trace_stats
-from cacheroute.planner.workloads import PRESETS, generate, preset
+from cacheroute.planner.workloads import PRESETS, SAMPLED, generate, workload_spec
 
 REPLAY_HELP = f"""Shadow-replay a workload through routing policies on a modelled vLLM fleet.
 
-Input is a generated workload (--workload: {", ".join(PRESETS)}) or a Mooncake trace (--trace,
+Input is a generated workload (--workload: {", ".join(PRESETS)}, or {SAMPLED}: every parameter
+drawn from --seed, a workload nobody chose) or a Mooncake trace (--trace,
 keys derived by --key: first-blocks:K, thread or none). Each policy is replayed at the rates of
 --qps (comma-separated; the trace's own rate when omitted), or its capacity is searched with
 --capacity: the highest rate whose p99 TTFT stays within --slo-p99-ttft.
@@ -76,7 +77,10 @@ def load_workload(workload: str | None, trace: Path | None, key: str, seed: int,
         raise ReplayInputError(f"--duration must be positive, got {duration}")
     parse_key_spec(key)
     if workload is not None:
-        spec = preset(workload, seed=seed)
+        try:
+            spec = workload_spec(workload, seed)
+        except ValueError as exc:
+            raise ReplayInputError(str(exc)) from None
         w = generate(spec)
         tr, thread = w.trace, w.thread
         info: dict[str, Any] = {"workload": spec.to_dict()}
@@ -202,7 +206,9 @@ def register(app: typer.Typer) -> None:
     @app.command("replay", help=REPLAY_HELP)
     def replay(
         *,
-        workload: Annotated[str | None, typer.Option(help=f"generated workload: {', '.join(PRESETS)}")] = None,
+        workload: Annotated[
+            str | None, typer.Option(help=f"generated workload: {', '.join([*PRESETS, SAMPLED])}")
+        ] = None,
         trace: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Mooncake JSONL trace")] = None,
         key: Annotated[
             str, typer.Option(help="affinity key of a trace: first-blocks:K, thread, none")
@@ -283,7 +289,7 @@ def register(app: typer.Typer) -> None:
         )
 
         def factory(name: str) -> Callable[[], Any]:
-            return lambda: make_policy(name, planner=planner)
+            return lambda: make_policy(name, planner=planner, slo_p99_ttft_s=slo_p99_ttft)
 
         rows: list[dict[str, Any]] = []
         curves: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
@@ -317,7 +323,7 @@ def register(app: typer.Typer) -> None:
                     continue
                 for q in rates or [own]:
                     bar.update(runs, description=f"{name} at {q:g} QPS")
-                    pol = make_policy(name, planner=planner)
+                    pol = make_policy(name, planner=planner, slo_p99_ttft_s=slo_p99_ttft)
                     res = replay_trace(tr.time_scaled(q / own), pol, cfg, progress=tick)
                     m = summarize(res)
                     rows.append({"policy": name, "qps": q, "metrics": m})

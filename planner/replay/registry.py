@@ -115,8 +115,12 @@ def policy_names(spec: str) -> list[str]:
     return out
 
 
-def make_policy(name: str, planner: PlannerSettings | None = None, guard: GuardSettings | None = None) -> Policy:
-    """A fresh policy instance (policies keep per-run state)."""
+def make_policy(name: str, planner: PlannerSettings | None = None, guard: GuardSettings | None = None, *,
+                slo_p99_ttft_s: float | None = None) -> Policy:
+    """A fresh policy instance (policies keep per-run state). A guarded policy's guard holds plans
+    to `slo_p99_ttft_s` when given, as the operator's holds them to the AffinityPlan's
+    `spec.guard.p99Ttft`: judged against another objective than the one measured, a plan that
+    triples p99 TTFT stays in effect while it is under the guard's default."""
     name = ALIASES.get(name, name)
     if name in _CACHEROUTE_VARIANTS:
         guarded, unplanned, routing = _CACHEROUTE_VARIANTS[name]
@@ -124,6 +128,8 @@ def make_policy(name: str, planner: PlannerSettings | None = None, guard: GuardS
         if unplanned is not None:
             settings = replace(settings, unplanned=unplanned)
         guard_settings = guard or (GuardSettings() if guarded else None)
+        if guard_settings is not None and slo_p99_ttft_s is not None:
+            guard_settings = replace(guard_settings, slo_p99_ttft_s=slo_p99_ttft_s)
         return CacheRoute(settings=settings, guard=ReplayGuard(guard_settings) if guard_settings is not None else None,
                           routing=routing)
     try:

@@ -32,6 +32,10 @@ in the same run.
    twice the p99 TTFT of an almost idle fleet (as `bench_replay.py`): CacheRoute against the best
    baseline (target 1.00x), and with its guard.
 7. `low-reuse`: CacheRoute (and with the guard) against p2c (target 0.97x).
+8. `heldout`: workloads nobody chose, every parameter drawn from a seed (`workloads.sampled_spec`;
+   `--heldout-seeds`, pass seeds never run before to check the method on workloads it was not
+   tuned on), 8 destinations, SLO twice the p99 TTFT of an almost idle fleet under p2c:
+   CacheRoute, with and without its guard, against the best per-request baseline (target 1.00x).
 
 `--quick` replays the first 15 minutes of the generated workloads (the public traces whole).
 """
@@ -79,7 +83,7 @@ from cacheroute.planner.replay.policy import Policy
 from cacheroute.planner.replay.registry import make_policy
 from cacheroute.planner.replay.run import ReplayConfig
 from cacheroute.planner.trace import RequestTrace
-from cacheroute.planner.workloads import generate
+from cacheroute.planner.workloads import generate, sampled_spec
 from cacheroute.planner.workloads import preset as workload_preset
 
 OUT = Path("bench-results") / "capacity.json"
@@ -95,7 +99,8 @@ NODE_MEMORY_BYTES = 2048 * GIB
 PER_REQUEST = ("p2c", "key-p2c", "least-loaded", "chwbl", "prefix-tree", "gie-prefix", "preble")
 # Scratch destinations of the oracle admission routing (`bench_routed_bound`).
 ORACLE_SCRATCH = (3, 6, 10)
-SECTIONS = ("paper", "ablation", "product", "mnbt", "bound", "traces", "low-reuse")
+SECTIONS = ("paper", "ablation", "product", "mnbt", "bound", "traces", "low-reuse", "heldout")
+HELDOUT_SEEDS = tuple(range(1, 13))
 
 
 def log(msg: str) -> None:
@@ -154,7 +159,9 @@ _SHARED: dict[str, Any] = {}
 def _run(job: Job) -> tuple[CapacityResult, float]:
     _label, policy, engine, destinations = job
     trace, slo = _SHARED["trace"], _SHARED["slo"]
-    factory: Callable[[], Policy] = lambda: make_policy(policy)  # noqa: E731
+    # A guarded policy's guard holds plans to the objective measured here, as the operator's holds
+    # them to the AffinityPlan's.
+    factory: Callable[[], Policy] = lambda: make_policy(policy, slo_p99_ttft_s=slo)  # noqa: E731
     t0 = time.perf_counter()
     res = find_capacity(trace, factory, ReplayConfig(destinations=destinations, profile=engine), slo_p99_ttft_s=slo)
     return res, time.perf_counter() - t0
@@ -306,9 +313,7 @@ def bench_traces() -> dict[str, Any]:
     engine = H100_LLAMA33_70B_FP8_TP2
     for path in sorted(TRACES.glob("*.jsonl")):
         tr = read_mooncake(path, key="first-blocks:4")
-        idle = replay_at(tr, 0.02 * base_qps(tr), make_policy("p2c"),
-                         ReplayConfig(destinations=TRACE_DESTINATIONS, profile=engine))
-        slo = 2.0 * idle.ttft_p99_s
+        slo = idle_slo(tr, TRACE_DESTINATIONS, engine)
         log(f"[traces] {path.name}: {len(tr):,} requests, SLO {slo:.2f}s")
         res = search(tr, [(p, p, engine, TRACE_DESTINATIONS)
                           for p in (*PER_REQUEST, "cacheroute", "cacheroute-guard", "cacheroute-noscore")], slo)
@@ -330,6 +335,49 @@ def bench_low_reuse(trace: RequestTrace) -> dict[str, Any]:
     log(f"    CacheRoute / p2c = {r:.3f} (target 0.97)")
     return {"policies": res, "check": check(r, 0.97),
             "guard_ratio": ratio(res["cacheroute-guard"]["capacity_qps"], res["p2c"]["capacity_qps"])}
+
+
+def idle_slo(trace: RequestTrace, destinations: int, engine: EngineProfile) -> float:
+    """Twice the p99 TTFT of p2c at 2 % of the trace's rate: an SLO that scales with its prompts."""
+    idle = replay_at(trace, 0.02 * base_qps(trace), make_policy("p2c"),
+                     ReplayConfig(destinations=destinations, profile=engine))
+    return 2.0 * idle.ttft_p99_s
+
+
+def compare_with_baselines(trace: RequestTrace, engine: EngineProfile, destinations: int,
+                           slo: float) -> dict[str, Any]:
+    """Every per-request baseline and CacheRoute (guarded too) on one workload: capacities and
+    CacheRoute's ratios to the best baseline."""
+    res = search(trace, [(p, p, engine, destinations)
+                         for p in (*PER_REQUEST, "cacheroute", "cacheroute-guard")], slo)
+    best = best_of(res, PER_REQUEST)
+    r = ratio(res["cacheroute"]["capacity_qps"], res[best]["capacity_qps"])
+    g = ratio(res["cacheroute-guard"]["capacity_qps"], res[best]["capacity_qps"])
+    return {"slo_p99_ttft_s": slo, "policies": res, "best_per_request": best, "ratio": r, "guard_ratio": g}
+
+
+def bench_heldout(seeds: Sequence[int]) -> dict[str, Any]:
+    engine = H100_LLAMA33_70B_FP8_TP2
+    out: dict[str, Any] = {}
+    for seed in seeds:
+        spec = sampled_spec(seed)
+        w = generate(spec)
+        slo = idle_slo(w.trace, TRACE_DESTINATIONS, engine)
+        st = w.stats()
+        log(f"[heldout] {spec.name}: {len(w.trace):,} requests, {spec.keys:,} keys, top {spec.top_key_fraction:.0%} "
+            f"of keys carry {st.top_keys_request_share:.0%}, {st.multi_turn_request_share:.0%} multi-turn, "
+            f"mean prompt {float(w.trace.input_tokens.mean()):,.0f} tokens, SLO {slo:.2f}s")
+        found = compare_with_baselines(w.trace, engine, TRACE_DESTINATIONS, slo)
+        log(f"    CacheRoute / {found['best_per_request']} = {found['ratio']:.3f} (target 1.00); with its guard "
+            f"{found['guard_ratio']:.3f}")
+        out[spec.name] = {"spec": spec.to_dict(), "stats": st.to_dict(), **found,
+                          "check": check(found["ratio"], 1.0, baseline=found["best_per_request"])}
+    guarded = [v["guard_ratio"] for v in out.values()]
+    unguarded = [v["ratio"] for v in out.values()]
+    if out:
+        log(f"    held-out, {len(out)} workloads: with the guard {min(guarded):.3f}-{max(guarded):.3f} "
+            f"(median {sorted(guarded)[len(guarded) // 2]:.3f}); without {min(unguarded):.3f}-{max(unguarded):.3f}")
+    return out
 
 
 def bench_bound(trace: RequestTrace) -> dict[str, Any]:
@@ -382,9 +430,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="capacity searches at once")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {', '.join(SECTIONS)}")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--heldout-seeds", default=",".join(map(str, HELDOUT_SEEDS)),
+                    help="seeds of the held-out workloads (section heldout), comma-separated")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
+    try:
+        heldout_seeds = [int(x) for x in args.heldout_seeds.split(",") if x.strip()]
+    except ValueError:
+        heldout_seeds = [-1]
+    if not heldout_seeds or min(heldout_seeds) < 0:
+        print(f"bench_capacity: --heldout-seeds must be non-negative integers, got {args.heldout_seeds!r}",
+              file=sys.stderr)
+        return 2
     if unknown or args.jobs < 1:
         print(f"bench_capacity: --only {','.join(unknown)} is not one of {', '.join(SECTIONS)}" if unknown
               else f"bench_capacity: --jobs {args.jobs} must be at least 1", file=sys.stderr)
@@ -409,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
             report["bound"] = bench_bound(paper)
         elif name == "traces":
             report["traces"] = bench_traces()
+        elif name == "heldout":
+            report["heldout"] = bench_heldout(heldout_seeds)
         elif name == "low-reuse":
             report["low_reuse"] = bench_low_reuse(workload("low-reuse", args.quick))
         report.setdefault("section_wall_s", {})[name] = time.perf_counter() - t0

@@ -63,6 +63,21 @@ def test_capacity_search_on_a_generated_workload(tmp_path: Path) -> None:
     assert report["workload_stats"]["requests"] > 100
 
 
+def test_a_sampled_workload_is_drawn_from_the_seed_and_reported(tmp_path: Path) -> None:
+    reports = []
+    for seed, out in (("7", tmp_path / "a"), ("7", tmp_path / "b"), ("8", tmp_path / "c")):
+        res = runner.invoke(make_app(), [
+            "replay", "--workload", "sampled", "--seed", seed, "--duration", "20", "--destinations", "4",
+            "--policies", "p2c", "--qps", "2", "--out", str(out),
+        ])
+        assert res.exit_code == 0, res.output
+        reports.append(json.loads((out / "replay.json").read_text()))
+    a, b, c = (r["input"]["workload"] for r in reports)
+    assert a == b and a["name"] == "sampled-7" and a["seed"] == 7
+    assert c["keys"] != a["keys"] and c["prefix_median_tokens"] != a["prefix_median_tokens"]
+    assert reports[0]["results"] == reports[1]["results"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -9,11 +9,13 @@ import pytest
 
 from cacheroute.planner.plan import Destination, Plan, plan_from_routes
 from cacheroute.planner.replay.engine import Engine, RequestTable
+from cacheroute.planner.replay.guard import ReplayGuard
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
 from cacheroute.planner.replay.planned import CacheRoute, Planned, PlannerSettings, RoutingSettings
 from cacheroute.planner.replay.policies import BoundedConsistentHash, PowerOfTwo, StickyHash
 from cacheroute.planner.replay.policy import Policy, RouterView
 from cacheroute.planner.replay.prefix_policies import GiePrefixScorer, Preble, PrefixTree
+from cacheroute.planner.replay.registry import make_policy
 from cacheroute.planner.replay.run import ReplayConfig, destination_ids, replay_trace
 from cacheroute.planner.trace import RequestTrace
 
@@ -258,3 +260,16 @@ def test_a_rejected_candidate_leaves_the_plan_in_effect_while_it_holds(make_trac
     else:
         # Worse than no plan on recent traffic: withdrawn, and nothing left to withdraw after.
         assert pol.withdrawals == 1 and view.key[0] not in pol._routes and in_effect[2] is None
+
+
+def test_a_guarded_policy_holds_plans_to_the_objective_it_is_measured_against() -> None:
+    guarded = make_policy("cacheroute-guard", slo_p99_ttft_s=1.25)
+    assert isinstance(guarded, CacheRoute) and isinstance(guarded.guard, ReplayGuard)
+    assert guarded.guard.settings.slo_p99_ttft_s == 1.25
+    default = make_policy("cacheroute-guard")
+    assert isinstance(default, CacheRoute) and isinstance(default.guard, ReplayGuard)
+    assert default.guard.settings.slo_p99_ttft_s == 3.5
+    # An objective gives no guard to a policy that has none.
+    unguarded = make_policy("cacheroute", slo_p99_ttft_s=1.25)
+    assert isinstance(unguarded, CacheRoute) and unguarded.guard is None
+    make_policy("gie-prefix", slo_p99_ttft_s=1.25)

@@ -7,7 +7,15 @@ import itertools
 import numpy as np
 import pytest
 
-from cacheroute.planner.workloads import PRESETS, WorkloadSpec, generate, preset
+from cacheroute.planner.workloads import (
+    PRESETS,
+    SAMPLED_RANGES,
+    WorkloadSpec,
+    generate,
+    preset,
+    sampled_spec,
+    workload_spec,
+)
 
 
 def _spec(**kw: object) -> WorkloadSpec:
@@ -73,6 +81,37 @@ def test_infeasible_specs_are_refused_with_the_reason() -> None:
         _spec(multi_turn_share=1.5)
     with pytest.raises(ValueError, match="unknown workload"):
         preset("nope")
+
+
+def test_sampled_workloads_are_drawn_within_their_ranges_and_reach_their_statistics() -> None:
+    specs = [sampled_spec(seed) for seed in range(10)]
+    for spec in specs:
+        for name, (lo, hi, how) in SAMPLED_RANGES.items():
+            value = getattr(spec, name)
+            if name == "keys":
+                assert lo <= value <= hi * spec.qps * spec.duration_s + 0.5
+            else:
+                assert lo <= value <= hi, (name, how)
+        st = generate(spec).stats()
+        assert st.distinct_keys == spec.keys
+        assert st.top_keys_request_share == pytest.approx(spec.top_key_request_share, abs=0.03)
+        assert st.multi_turn_request_share == pytest.approx(spec.multi_turn_share, abs=0.1)
+    # The draws differ from seed to seed in every parameter, not only in the requests.
+    for name in SAMPLED_RANGES:
+        assert len({getattr(s, name) for s in specs}) == len(specs), name
+    assert len({s.shared_prefix_tokens for s in specs}) > 1
+
+
+def test_a_sampled_workload_depends_on_its_seed_only() -> None:
+    assert sampled_spec(3) == sampled_spec(3) == workload_spec("sampled", 3)
+    assert sampled_spec(3) != sampled_spec(4)
+    assert workload_spec("low-reuse", 5) == preset("low-reuse", seed=5)
+    with pytest.raises(ValueError, match=r"unknown workload 'nope'; known: .*sampled"):
+        workload_spec("nope", 0)
+    with pytest.raises(ValueError, match="too few"):
+        sampled_spec(0, qps=1.0, duration_s=60.0)
+    with pytest.raises(ValueError, match="must not be negative"):
+        sampled_spec(-1)
 
 
 @pytest.mark.slow
