@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -50,6 +51,10 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
     "cacheroute-p2c": (
         lambda: CacheRoute(PlannerSettings(unplanned="p2c"), routing=REPORT_ROUTING),
         "planned keys pinned to their plan entry, everything else on random p2c, load in requests: as the report",
+    ),
+    "cacheroute-noplan": (
+        lambda: CacheRoute(PlannerSettings(control_period_s=math.inf)),
+        "cacheroute's routing with no plan ever (key-seeded p2c, following and scoring): what its guard degrades to",
     ),
     "cacheroute-guard": (
         lambda: CacheRoute(guard=ReplayGuard()),

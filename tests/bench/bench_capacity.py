@@ -31,11 +31,13 @@ in the same run.
 6. `traces`: every Mooncake trace of the shared folder, 8 destinations, key = first 4 blocks, SLO
    twice the p99 TTFT of an almost idle fleet (as `bench_replay.py`): CacheRoute against the best
    baseline (target 1.00x), and with its guard.
-7. `low-reuse`: CacheRoute (and with the guard) against p2c (target 0.97x).
+7. `low-reuse`: CacheRoute (and with the guard) against p2c (target 0.97x); the guarded policy
+   against CacheRoute's routing without any plan.
 8. `heldout`: workloads nobody chose, every parameter drawn from a seed (`workloads.sampled_spec`;
    `--heldout-seeds`, pass seeds never run before to check the method on workloads it was not
    tuned on), 8 destinations, SLO twice the p99 TTFT of an almost idle fleet under p2c:
-   CacheRoute, with and without its guard, against the best per-request baseline (target 1.00x).
+   CacheRoute, with and without its guard, against the best per-request baseline (target 1.00x),
+   and the guarded policy against CacheRoute's routing without any plan (what the guard degrades to).
 
 `--quick` replays the first 15 minutes of the generated workloads (the public traces whole).
 """
@@ -330,11 +332,14 @@ def bench_low_reuse(trace: RequestTrace) -> dict[str, Any]:
     engine = H100_LLAMA33_70B_FP8_TP2
     log(f"[low-reuse] {len(trace):,} requests, {PAPER_DESTINATIONS} destinations")
     res = search(trace, [(p, p, engine, PAPER_DESTINATIONS) for p in ("p2c", "key-p2c", "cacheroute",
-                                                                         "cacheroute-guard")], SLO)
+                                                                         "cacheroute-guard", "cacheroute-noplan")],
+                 SLO)
     r = ratio(res["cacheroute"]["capacity_qps"], res["p2c"]["capacity_qps"])
-    log(f"    CacheRoute / p2c = {r:.3f} (target 0.97)")
+    floor = ratio(res["cacheroute-guard"]["capacity_qps"], res["cacheroute-noplan"]["capacity_qps"])
+    log(f"    CacheRoute / p2c = {r:.3f} (target 0.97); with its guard / without any plan {floor:.3f}")
     return {"policies": res, "check": check(r, 0.97),
-            "guard_ratio": ratio(res["cacheroute-guard"]["capacity_qps"], res["p2c"]["capacity_qps"])}
+            "guard_ratio": ratio(res["cacheroute-guard"]["capacity_qps"], res["p2c"]["capacity_qps"]),
+            "guard_vs_noplan": floor}
 
 
 def idle_slo(trace: RequestTrace, destinations: int, engine: EngineProfile) -> float:
@@ -349,11 +354,13 @@ def compare_with_baselines(trace: RequestTrace, engine: EngineProfile, destinati
     """Every per-request baseline and CacheRoute (guarded too) on one workload: capacities and
     CacheRoute's ratios to the best baseline."""
     res = search(trace, [(p, p, engine, destinations)
-                         for p in (*PER_REQUEST, "cacheroute", "cacheroute-guard")], slo)
+                         for p in (*PER_REQUEST, "cacheroute", "cacheroute-guard", "cacheroute-noplan")], slo)
     best = best_of(res, PER_REQUEST)
     r = ratio(res["cacheroute"]["capacity_qps"], res[best]["capacity_qps"])
     g = ratio(res["cacheroute-guard"]["capacity_qps"], res[best]["capacity_qps"])
-    return {"slo_p99_ttft_s": slo, "policies": res, "best_per_request": best, "ratio": r, "guard_ratio": g}
+    floor = ratio(res["cacheroute-guard"]["capacity_qps"], res["cacheroute-noplan"]["capacity_qps"])
+    return {"slo_p99_ttft_s": slo, "policies": res, "best_per_request": best, "ratio": r, "guard_ratio": g,
+            "guard_vs_noplan": floor}
 
 
 def bench_heldout(seeds: Sequence[int]) -> dict[str, Any]:
@@ -369,7 +376,7 @@ def bench_heldout(seeds: Sequence[int]) -> dict[str, Any]:
             f"mean prompt {float(w.trace.input_tokens.mean()):,.0f} tokens, SLO {slo:.2f}s")
         found = compare_with_baselines(w.trace, engine, TRACE_DESTINATIONS, slo)
         log(f"    CacheRoute / {found['best_per_request']} = {found['ratio']:.3f} (target 1.00); with its guard "
-            f"{found['guard_ratio']:.3f}")
+            f"{found['guard_ratio']:.3f}; with its guard / without any plan {found['guard_vs_noplan']:.3f}")
         out[spec.name] = {"spec": spec.to_dict(), "stats": st.to_dict(), **found,
                           "check": check(found["ratio"], 1.0, baseline=found["best_per_request"])}
     guarded = [v["guard_ratio"] for v in out.values()]

@@ -273,3 +273,20 @@ def test_a_guarded_policy_holds_plans_to_the_objective_it_is_measured_against() 
     unguarded = make_policy("cacheroute", slo_p99_ttft_s=1.25)
     assert isinstance(unguarded, CacheRoute) and unguarded.guard is None
     make_policy("gie-prefix", slo_p99_ttft_s=1.25)
+
+
+def test_cacheroute_without_a_plan_routes_as_the_router_does_before_its_first_plan(make_trace) -> None:
+    reqs = [(float(t), "a" if t % 4 else "b", 64, 4, [1, 2, 3, 4, 100 + t]) for t in range(0, 600, 2)]
+    trace = make_trace(reqs, block_size=16)
+    never = make_policy("cacheroute-noplan")
+    planning = CacheRoute(PlannerSettings(control_period_s=60.0, window_s=60.0))
+    bind(never, trace, 4)
+    bind(planning, trace, 4)
+    assert isinstance(never, CacheRoute)
+    went = []
+    for i, r in enumerate(reqs):
+        went.append((never.route(i, r[0]), planning.route(i, r[0])))
+    assert never.replans == 0 and not never._routes
+    assert planning.replans > 0 and planning._routes
+    # Before the first plan both route alike.
+    assert all(a == b for (a, b), r in zip(went, reqs, strict=True) if r[0] < 60.0)
