@@ -195,13 +195,13 @@ def sampled_spec(seed: int, *, qps: float = SAMPLED_QPS, duration_s: float = SAM
     rng = np.random.default_rng([0x5A17, seed])
     r = SAMPLED_RANGES
 
-    def uniform(name: str, lo: float | None = None) -> float:
-        a, b, _ = r[name]
-        return float(rng.uniform(a if lo is None else lo, b))
-
-    def log_uniform(name: str, hi: float | None = None) -> float:
-        a, b, _ = r[name]
-        return float(math.exp(rng.uniform(math.log(a), math.log(b if hi is None else hi))))
+    def draw(name: str, lo: float | None = None, hi: float | None = None) -> float:
+        """One value of `name` over its range (narrowed by `lo`/`hi`), as the range says."""
+        a, b, how = r[name]
+        a, b = a if lo is None else lo, b if hi is None else hi
+        if how.startswith("log"):
+            return float(math.exp(rng.uniform(math.log(a), math.log(b))))
+        return float(rng.uniform(a, b))
 
     requests = qps * duration_s
     key_lo, key_share, _ = r["keys"]
@@ -210,25 +210,25 @@ def sampled_spec(seed: int, *, qps: float = SAMPLED_QPS, duration_s: float = SAM
             f"workload {SAMPLED}: {requests:.0f} requests (qps x duration) are too few for "
             f"{key_lo:.0f} keys; raise qps or the duration"
         )
-    keys = round(log_uniform("keys", hi=requests * key_share))
-    top_fraction = uniform("top_key_fraction")
-    top_share = uniform("top_key_request_share", lo=top_fraction + 0.05)
+    keys = round(draw("keys", hi=requests * key_share))
+    top_fraction = draw("top_key_fraction")
+    top_share = draw("top_key_request_share", lo=top_fraction + 0.05)
     return WorkloadSpec(
         name=f"{SAMPLED}-{seed}",
         keys=keys,
         top_key_fraction=top_fraction,
         top_key_request_share=top_share,
-        multi_turn_share=uniform("multi_turn_share"),
-        mean_turns=uniform("mean_turns"),
-        turn_gap_median_s=log_uniform("turn_gap_median_s"),
-        turn_gap_sigma=uniform("turn_gap_sigma"),
+        multi_turn_share=draw("multi_turn_share"),
+        mean_turns=draw("mean_turns"),
+        turn_gap_median_s=draw("turn_gap_median_s"),
+        turn_gap_sigma=draw("turn_gap_sigma"),
         shared_prefix_tokens=int(rng.choice(SAMPLED_SHARED_PREFIX_TOKENS)),
-        prefix_median_tokens=log_uniform("prefix_median_tokens"),
-        prefix_sigma=uniform("prefix_sigma"),
-        message_median_tokens=log_uniform("message_median_tokens"),
-        message_sigma=uniform("message_sigma"),
-        output_median_tokens=log_uniform("output_median_tokens"),
-        output_sigma=uniform("output_sigma"),
+        prefix_median_tokens=draw("prefix_median_tokens"),
+        prefix_sigma=draw("prefix_sigma"),
+        message_median_tokens=draw("message_median_tokens"),
+        message_sigma=draw("message_sigma"),
+        output_median_tokens=draw("output_median_tokens"),
+        output_sigma=draw("output_sigma"),
         qps=qps,
         duration_s=duration_s,
         block_size=256,

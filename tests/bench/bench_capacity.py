@@ -50,6 +50,7 @@ import math
 import multiprocessing
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -383,7 +384,7 @@ def bench_heldout(seeds: Sequence[int]) -> dict[str, Any]:
     unguarded = [v["ratio"] for v in out.values()]
     if out:
         log(f"    held-out, {len(out)} workloads: with the guard {min(guarded):.3f}-{max(guarded):.3f} "
-            f"(median {sorted(guarded)[len(guarded) // 2]:.3f}); without {min(unguarded):.3f}-{max(unguarded):.3f}")
+            f"(median {statistics.median(guarded):.3f}); without {min(unguarded):.3f}-{max(unguarded):.3f}")
     return out
 
 
@@ -431,25 +432,28 @@ def clean(x: Any) -> Any:
     return x
 
 
+def seed_list(text: str) -> list[int]:
+    """`--heldout-seeds`: comma-separated non-negative integers, at least one."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative integers, got {text!r}")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="first 15 minutes of the generated workloads")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="capacity searches at once")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {', '.join(SECTIONS)}")
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--heldout-seeds", default=",".join(map(str, HELDOUT_SEEDS)),
+    ap.add_argument("--heldout-seeds", type=seed_list, default=list(HELDOUT_SEEDS),
                     help="seeds of the held-out workloads (section heldout), comma-separated")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
-    try:
-        heldout_seeds = [int(x) for x in args.heldout_seeds.split(",") if x.strip()]
-    except ValueError:
-        heldout_seeds = [-1]
-    if not heldout_seeds or min(heldout_seeds) < 0:
-        print(f"bench_capacity: --heldout-seeds must be non-negative integers, got {args.heldout_seeds!r}",
-              file=sys.stderr)
-        return 2
     if unknown or args.jobs < 1:
         print(f"bench_capacity: --only {','.join(unknown)} is not one of {', '.join(SECTIONS)}" if unknown
               else f"bench_capacity: --jobs {args.jobs} must be at least 1", file=sys.stderr)
@@ -475,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "traces":
             report["traces"] = bench_traces()
         elif name == "heldout":
-            report["heldout"] = bench_heldout(heldout_seeds)
+            report["heldout"] = bench_heldout(args.heldout_seeds)
         elif name == "low-reuse":
             report["low_reuse"] = bench_low_reuse(workload("low-reuse", args.quick))
         report.setdefault("section_wall_s", {})[name] = time.perf_counter() - t0
