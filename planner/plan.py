@@ -108,6 +108,9 @@ class Plan:
     key_extraction: KeyExtraction = field(default_factory=KeyExtraction)
     summary: PlanSummary = field(default_factory=PlanSummary)
     pinned_keys: npt.NDArray[np.uint64] = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    # The share of a prompt a computed route's entry is credited with holding when the router
+    # scores the request (`routing.py` step 1); 1 keeps the key on its entry up to the spill bound.
+    entry_credit: float = 1.0
 
     def __post_init__(self) -> None:
         n = len(self.route_keys)
@@ -305,6 +308,7 @@ def validate_plan(plan: Plan) -> None:
         _check_number(d.host_kv_capacity_tokens, f"{where}.hostKvCapacityTokens", 0, 2**53, integer=True)
     lo, hi = SPILL_THRESHOLD_RANGE
     _check_number(plan.spill_threshold, "spillThreshold", lo, hi)
+    _check_number(plan.entry_credit, "entryCredit", 0.0, 1.0)
     ke = plan.key_extraction
     if not isinstance(ke, KeyExtraction):
         raise PlanError("keyExtraction must be a KeyExtraction")

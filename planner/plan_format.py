@@ -124,6 +124,12 @@ def _destination(d: Destination) -> dict[str, Any]:
     return out
 
 
+def _entry_credit(plan: Plan) -> dict[str, float]:
+    # Only below 1, so plans that keep keys on their entries keep their version hash and routers
+    # that predate the field read them as they always have.
+    return {"entryCredit": plan.entry_credit} if plan.entry_credit < 1.0 else {}
+
+
 def _header_body(plan: Plan) -> dict[str, Any]:
     s = plan.summary
     return {
@@ -131,6 +137,7 @@ def _header_body(plan: Plan) -> dict[str, Any]:
         "pool": plan.pool,
         "destinations": [_destination(d) for d in plan.destinations],
         "spillThreshold": plan.spill_threshold,
+        **_entry_credit(plan),
         "keyExtraction": {
             "header": plan.key_extraction.header,
             "bodyField": plan.key_extraction.body_field,
@@ -433,6 +440,7 @@ def _decode(files: Mapping[str, bytes]) -> Plan:
     key_extraction = _key_extraction(header)
     summary = _summary(header)
     spill_threshold = float(header.number("spillThreshold") or 0.0)
+    credit = header.number("entryCredit", optional=True)
     keys_parts, count_parts, dest_parts = [], [], []
     for name, configmap, routes, digest in _shards(header):
         if name not in files:
@@ -457,6 +465,7 @@ def _decode(files: Mapping[str, bytes]) -> Plan:
         route_dests=np.concatenate(dest_parts) if dest_parts else np.zeros(0, np.uint16),
         generated_at=header.text("generatedAt", optional=True) or "",
         spill_threshold=spill_threshold,
+        entry_credit=1.0 if credit is None else float(credit),
         key_extraction=key_extraction,
         summary=summary,
         pinned_keys=_pinned_keys(header),

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cacheroute.planner.admission import admit
+from cacheroute.planner.admission import admit, admitted_mask
+from cacheroute.planner.credit import entry_credit
 from cacheroute.planner.inputs import checked_weights
 from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.load import CostModel, key_demand
@@ -45,6 +46,7 @@ def compute_plan(
     generated_at: str = "",
     key_extraction: KeyExtraction | None = None,
     spill_threshold: float = DEFAULT_SPILL_THRESHOLD,
+    credit: float | None = None,
 ) -> PlanResult:
     """Plan one control period for `pool` (see the module docstring)."""
     budget, stability, cost = budget or Budget(), stability or Stability(), cost or CostModel()
@@ -78,4 +80,7 @@ def compute_plan(
         generated_at=generated_at,
         spill_threshold=spill_threshold,
         key_extraction=key_extraction or KeyExtraction(),
+        entry_credit=entry_credit(stats, destinations, admitted_mask(len(stats), admission.keys.rows))
+        if credit is None
+        else credit,
     )

@@ -3,7 +3,12 @@
 The router (`router/picker.py`) and the replay's planned policies (`replay/planned.py`) both
 decide through `RoutingRule.choose`, so what the replay measures is what the router does.
 
-1. **Planned key**: the least-loaded usable destination among the key's candidates; ties go to
+1. **Planned key**: when the plan credits its entries with less than the whole prompt
+   (`entry_credit` < 1: the KV does not bind, `credit.py`), the caller keeps a memory of routed
+   prefixes and no remembered prefix is worth following, the request is scored as step 6 scores
+   an unplanned one, its entry credited with holding `entry_credit` of the prompt (more where it
+   is remembered to hold more), ties to the entry; a pinned route is never scored. Otherwise:
+   the least-loaded usable destination among the key's candidates; ties go to
    the first at or after `key_hash % len(candidates)`, so every router replica with the same view
    of load picks the same one. A key's candidates are its plan entry, whose length the planner
    decides from the key's load (`load.replicas_needed`). With `widen_planned` (router
@@ -158,8 +163,8 @@ class RoutingRule(Generic[D]):
     `follow_ratio` 0 never follows.
     """
 
-    __slots__ = ("_draw", "_key_candidates", "_load", "_mean", "follow_ratio", "follow_slack", "spill_slack",
-                 "spill_threshold", "widen_planned")
+    __slots__ = ("_draw", "_key_candidates", "_load", "_mean", "entry_credit", "follow_ratio", "follow_slack",
+                 "spill_slack", "spill_threshold", "widen_planned")
 
     def __init__(
         self,
@@ -172,6 +177,7 @@ class RoutingRule(Generic[D]):
         follow_ratio: float = DEFAULT_FOLLOW_RATIO,
         follow_slack: float = DEFAULT_FOLLOW_SLACK,
         widen_planned: bool = False,
+        entry_credit: float = 1.0,
     ) -> None:
         self._load = loads.load
         self._mean = loads.mean
@@ -182,6 +188,7 @@ class RoutingRule(Generic[D]):
         self.follow_ratio = follow_ratio
         self.follow_slack = follow_slack
         self.widen_planned = widen_planned
+        self.entry_credit = entry_credit
 
     def choose(
         self,
@@ -214,6 +221,8 @@ class RoutingRule(Generic[D]):
         if key_hash is not None:
             ring = self._key_candidates
             if planned is not None:
+                if held is not None and follow is None and not pinned and ring is not None and self.entry_credit < 1.0:
+                    return self.credited(planned, usable, is_usable, held, prompt_tokens)
                 if ring is not None and self.widen_planned and not pinned:
                     planned = key_candidates(planned, ring(key_hash))
                 best: D | None
@@ -288,16 +297,36 @@ class RoutingRule(Generic[D]):
             return b
         return self.p2c(usable)
 
+    def credited(
+        self,
+        planned: Sequence[D],
+        usable: Sequence[D],
+        is_usable: Callable[[D], bool] | None,
+        held: Mapping[D, int],
+        prompt_tokens: int,
+    ) -> tuple[str, D]:
+        """A planned request scored as step 6 scores an unplanned one, its plan entry credited with
+        holding `entry_credit` of the prompt (more where it is remembered to hold more); ties go to
+        the entry, in plan order. PLANNED when it lands on its entry, SCORED elsewhere."""
+        floor = int(self.entry_credit * prompt_tokens)
+        credit = dict(held)
+        for d in planned:
+            if credit.get(d, 0) < floor:
+                credit[d] = floor
+        chosen = self.scored(planned, usable, is_usable, credit, prompt_tokens)
+        return (PLANNED if chosen in planned else SCORED), chosen
+
     def scored(
         self,
-        pair: tuple[D, D] | None,
+        pair: Sequence[D] | None,
         usable: Sequence[D],
         is_usable: Callable[[D], bool] | None,
         held: Mapping[D, int],
         prompt_tokens: int,
     ) -> D:
         """The usable destination of the best score (module docstring, step 6); ties go to the
-        ring `pair`, then to the first in `usable`; without a pair (keyless) to the first at or
+        `pair` (the key's ring pair, or a planned key's entry: `credited`), then to the first in
+        `usable`; without a pair (keyless) to the first at or
         after a random index of `usable`."""
         load = self._load
         loads = [load(d) for d in usable]

@@ -154,6 +154,7 @@ class Picker:
             spill_slack=self._slack,
             key_candidates=self._ring_candidates() if self._key_seeded else None,
             widen_planned=self._widen,
+            entry_credit=table.entry_credit,
         )
         return _View(table, resolve_groups(table, self.pool), threshold, extraction, headers, rule)
 
@@ -265,7 +266,9 @@ class Picker:
         held = None
         if prefixes is not None:
             follow, gain = prefixes.target(chain, prompt_tokens)
-            if follow is None and planned is None and self._key_seeded:
+            if follow is None and self._key_seeded and (
+                planned is None or (view.rule.entry_credit < 1.0 and not pinned)
+            ):
                 # Scored by what each endpoint holds of the prompt (the rule's step 6).
                 held = prefixes.held(chain, prompt_tokens)
         outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable, follow=follow, follow_gain=gain,

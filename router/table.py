@@ -33,6 +33,8 @@ class RoutingTable:
     key_extraction: KeyExtraction
     # Keys someone pinned: kept to their plan entry, without their ring candidates.
     pinned: frozenset[int] = frozenset()
+    # The share of a prompt a computed route's entry is credited with (`Plan.entry_credit`).
+    entry_credit: float = 1.0
 
     def __len__(self) -> int:
         return len(self.routes)
@@ -83,6 +85,7 @@ def build_table(plan: Plan, version: str) -> RoutingTable:
         spill_threshold=plan.spill_threshold,
         key_extraction=plan.key_extraction,
         pinned=frozenset(plan.pinned_keys.tolist()),
+        entry_credit=plan.entry_credit,
     )
 
 

@@ -86,6 +86,9 @@ class RoutingSettings:
     # are scored by the prefix held and load (`routing` step 6), as the router does whenever it
     # follows prefixes; off only to measure what the scoring adds.
     score_unplanned: bool = True
+    # Planned requests are scored too when the plan credits its entries below 1 (`routing` step 1,
+    # `credit.py`), as the router does; off only to measure what the credit adds.
+    credit_entries: bool = True
 
     def __post_init__(self) -> None:
         check_tokens_per_unit(self.tokens_per_unit)
@@ -138,7 +141,7 @@ class Planned(Policy):
         return {"name": self.name, "spill_slack": self.spill_slack, "unplanned": self.unplanned,
                 "routes": len(self.fixed_plan) if self.fixed_plan is not None else 0,
                 "tokens_per_unit": r.tokens_per_unit, "follow_prefixes": r.follow_prefixes,
-                "score_unplanned": r.score_unplanned}
+                "score_unplanned": r.score_unplanned, "credit_entries": r.credit_entries}
 
     def bind(self, view: RouterView, seed: int) -> None:
         super().bind(view, seed)
@@ -188,7 +191,10 @@ class Planned(Policy):
             follow_ratio=self.routing.follow_ratio,
             follow_slack=self.routing.follow_slack,
             widen_planned=self.routing.widen_planned,
+            entry_credit=plan.entry_credit if plan is not None and self.routing.credit_entries else 1.0,
         )
+        # Planned requests are scored too when the plan credits its entries below 1 (`routing.py`).
+        self._credited = self._scoring and self._rule.entry_credit < 1.0
         if plan is None or not len(plan):
             return
         view = self.view
@@ -235,7 +241,7 @@ class Planned(Policy):
             if at >= 0:
                 follow = at
         route = None if k == NO_KEY else self._routes.get(k)
-        if follow is None and route is None and self._scoring:
+        if follow is None and self._scoring and (route is None or (self._credited and k not in self._pinned)):
             assert follower is not None
             held = follower.held(blocks, tokens)
         if k == NO_KEY:
@@ -327,6 +333,7 @@ class CacheRoute(Planned):
             "tokens_per_unit": self.routing.tokens_per_unit,
             "follow_prefixes": self.routing.follow_prefixes,
             "score_unplanned": self.routing.score_unplanned,
+            "credit_entries": self.routing.credit_entries,
         }
 
     def bind(self, view: RouterView, seed: int) -> None:

@@ -77,6 +77,11 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
         "cacheroute with unplanned requests kept to key-seeded p2c and following, never scored (the router "
         "before scoring)",
     ),
+    "cacheroute-pinned": (
+        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, credit_entries=False)),
+        "cacheroute with planned keys held to their entry up to the spill bound whatever the plan's entry "
+        "credit (before entry credits)",
+    ),
     "cacheroute-before": (
         lambda: CacheRoute(routing=BEFORE_ROUTING),
         "cacheroute as routed before token-aware load: load in requests, planned keys pinned, no prefix memory",
@@ -96,6 +101,7 @@ _CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None, RoutingSettings]] = {
     "cacheroute-nofollow": (False, None, replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
     "cacheroute-widen": (False, None, replace(CACHEROUTE_ROUTING, widen_planned=True)),
     "cacheroute-noscore": (False, None, replace(CACHEROUTE_ROUTING, score_unplanned=False)),
+    "cacheroute-pinned": (False, None, replace(CACHEROUTE_ROUTING, credit_entries=False)),
     "cacheroute-before": (False, None, BEFORE_ROUTING),
 }
 

@@ -213,3 +213,19 @@ def test_numpy_arrays_of_the_wrong_type_are_refused() -> None:
     plan = good_plan()
     with pytest.raises(PlanError, match="route_dests must be"):
         validate_plan(dataclasses.replace(plan, route_dests=plan.route_dests.astype(np.int64)))
+
+
+def test_the_entry_credit_travels_in_the_header_and_is_checked() -> None:
+    soft = good_plan(entry_credit=0.4)
+    assert decode_plan(encode_plan(soft).files).entry_credit == 0.4
+    # A plan that keeps keys on their entries writes no credit: its version is what it always was.
+    files = encode_plan(good_plan()).files
+    assert "entryCredit" not in json.loads(gzip.decompress(files[HEADER_FILE]))
+    assert decode_plan(files).entry_credit == 1.0
+    assert encode_plan(soft).version != encode_plan(good_plan()).version
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(PlanError, match="entryCredit"):
+            validate_plan(good_plan(entry_credit=bad))
+    forged = forge(dict(files), lambda h: h.update(entryCredit=3.0))
+    with pytest.raises(PlanError, match="entryCredit"):
+        decode_plan(forged)

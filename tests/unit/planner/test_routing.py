@@ -254,3 +254,38 @@ def test_follow_settings_out_of_range_are_refused(ratio: float, slack: float) ->
     with pytest.raises(ValueError, match="follow"):
         check_follow(ratio, slack)
     check_follow(0.0, 0.0)
+
+
+def test_a_credited_plan_entry_yields_its_request_only_to_a_clearly_less_loaded_destination() -> None:
+    key = 77
+    entry = "c"
+    # A quarter of the prompt credited to the entry: 3 x 0.25 = 0.75 of score. Loads 0-4: the entry
+    # at the top of the span scores 0.75, an idle destination 2: the request leaves.
+    busy = idle() | {entry: 4.0}
+    outcome, chosen = rule_for(busy, key_seeded=True, entry_credit=0.25).choose(
+        key, [entry], NAMES, held={}, prompt_tokens=1000)
+    assert outcome == SCORED
+    assert chosen != entry
+    # A quarter of the span above the least loaded (0.75 + 2 x 0.75 = 2.25 against 2): it stays.
+    near = dict.fromkeys(NAMES, 4.0) | {entry: 1.0, "a": 0.0}
+    assert rule_for(near, key_seeded=True, entry_credit=0.25).choose(
+        key, [entry], NAMES, held={}, prompt_tokens=1000) == (PLANNED, entry)
+    # Equal loads: the entry, not the key's ring candidates.
+    assert rule_for(idle(), key_seeded=True, entry_credit=0.25).choose(
+        key, [entry], NAMES, held={}, prompt_tokens=1000) == (PLANNED, entry)
+    # What a destination is remembered to hold counts beyond the credit.
+    assert rule_for(idle(), key_seeded=True, entry_credit=0.25).choose(
+        key, [entry], NAMES, held={"e": 400}, prompt_tokens=1000) == (SCORED, "e")
+
+
+def test_a_credit_of_one_a_pinned_route_or_no_prefix_memory_keep_bounded_affinity() -> None:
+    key = 77
+    busy = idle() | {"c": 1.5}
+    # Under the spill bound (1.5 x 0.25 + 2) the entry keeps the request, whatever the others' loads.
+    assert rule_for(busy, key_seeded=True).choose(key, ["c"], NAMES, held={}, prompt_tokens=1000) == (PLANNED, "c")
+    assert rule_for(busy, key_seeded=True, entry_credit=0.25).choose(
+        key, ["c"], NAMES, held={}, prompt_tokens=1000, pinned=True) == (PLANNED, "c")
+    assert rule_for(busy, key_seeded=True, entry_credit=0.25).choose(key, ["c"], NAMES) == (PLANNED, "c")
+    # A prefix worth following is followed from the entry, as before.
+    assert rule_for(idle(), key_seeded=True, entry_credit=0.25).choose(
+        key, ["c"], NAMES, follow="e", held={}, prompt_tokens=1000) == (FOLLOWED, "e")

@@ -56,6 +56,7 @@ class State:
     widen_planned: bool = False
     follow: bool = False
     chains: tuple[tuple[int, ...], ...] = ()  # each request's prefix ids (empty: none known)
+    entry_credit: float = 1.0  # below 1, planned requests are scored (the plan's `entry_credit`)
 
 
 @st.composite
@@ -90,6 +91,7 @@ def states(draw: st.DrawFn) -> State:
         widen_planned=draw(st.booleans()),
         follow=draw(st.booleans()),
         chains=chains,
+        entry_credit=draw(st.sampled_from([1.0, 0.66, 0.25, 0.0])),
     )
 
 
@@ -106,7 +108,7 @@ def plan_of(state: State) -> Plan:
         spill_threshold=state.spill_threshold,
     )
     pinned = np.array(sorted(affinity_key_hash(k) for k in state.pinned), dtype=np.uint64)
-    return replace(plan, pinned_keys=pinned)
+    return replace(plan, pinned_keys=pinned, entry_credit=state.entry_credit)
 
 
 def router_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
@@ -252,3 +254,19 @@ def test_an_unplanned_request_is_scored_alike_in_both() -> None:
     decisions = router_decisions(state, plan_of(state))
     assert [outcome for outcome, _ in decisions] == [SCORED, SCORED, SCORED, SCORED, PLANNED]
     assert decisions == replay_decisions(state, plan_of(state))
+
+
+def test_a_planned_request_is_scored_alike_in_both_when_its_entry_is_credited() -> None:
+    """A plan crediting its entries below 1 has planned requests scored: a busy entry loses its
+    request to an idle destination, in the router and in the replay; at 1 the entry keeps it."""
+    state = State(in_flight=[6, 0, 0, 0], waiting=[0, 0, 0, 0], in_flight_tokens=[0, 0, 0, 0],
+                  routes={"user-0": [0]}, spill_threshold=3.0, spill_slack=4.0, unplanned="key-p2c", seed=5,
+                  requests=["user-0", "user-0"], sizes=[512, 512], follow=True, chains=((1, 2), (3, 4)),
+                  entry_credit=0.25)
+    decisions = router_decisions(state, plan_of(state))
+    assert [outcome for outcome, _ in decisions] == [SCORED, SCORED]
+    assert all(d != 0 for _, d in decisions)
+    assert decisions == replay_decisions(state, plan_of(state))
+    pinned = State(**{**state.__dict__, "entry_credit": 1.0})
+    assert router_decisions(pinned, plan_of(pinned)) == [(PLANNED, 0), (PLANNED, 0)]
+    assert router_decisions(pinned, plan_of(pinned)) == replay_decisions(pinned, plan_of(pinned))
