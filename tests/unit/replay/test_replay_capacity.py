@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -128,3 +130,28 @@ def test_guard_from_statistics_prefers_affinity_for_a_reusable_key() -> None:
     assert v.candidate.kv_hit > v.baseline.kv_hit + 0.02
     assert v.candidate.ttft_p99_s < v.baseline.ttft_p99_s
     assert v.passed, v.reason
+
+
+def test_the_planner_keeps_entries_where_keeping_them_is_the_gain() -> None:
+    """The scenario above, planned by the planner: each key comes back every 20 s and a prefix
+    lives about 40 s in the fleet's caches, so a key spread over four destinations would lose it
+    between visits. The planner holds its entries (credit 1) and its plan keeps the gain."""
+    from cacheroute.planner.keystats import KeyStats
+    from cacheroute.planner.planning import compute_plan
+    from cacheroute.planner.replay.guard import guard_from_stats
+    from cacheroute.planner.replay.hardware import DEFAULT_PROFILE
+
+    names = tuple(f"tenant-{i}" for i in range(200))
+    ones = np.ones(200)
+    stats = KeyStats(names=names, rate=0.05 * ones, prompt_tokens=4500 * ones, prefix_tokens=2000 * ones,
+                     output_tokens=50 * ones)
+    fleet = [Destination(id=d, kv_capacity_tokens=DEFAULT_PROFILE.kv_capacity_tokens) for d in destination_ids(4)]
+    plan = compute_plan(stats, fleet, pool="pool").plan
+    assert plan.entry_credit == 1.0
+    v = guard_from_stats(stats, plan, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5))
+    assert v.candidate.kv_hit > v.baseline.kv_hit + 0.02
+    assert v.passed, v.reason
+    # Credited as if its keys were cached anywhere, the same plan gives the gain away.
+    soft = guard_from_stats(stats, replace(plan, entry_credit=0.25), None, duration_s=300.0,
+                            settings=GuardSettings(slo_p99_ttft_s=3.5))
+    assert soft.candidate.kv_hit < v.candidate.kv_hit - 0.05
