@@ -4,7 +4,8 @@ The router (`router/picker.py`) and the replay's planned policies (`replay/plann
 decide through `RoutingRule.choose`, so what the replay measures is what the router does.
 
 1. **Planned key**: when the plan credits its entries with less than the whole prompt
-   (`entry_credit` < 1: the KV does not bind, `credit.py`), the caller keeps a memory of routed
+   (`entry_credit` < 1: most of what the plan saves comes from keys whose prefixes stay cached
+   wherever they go, `credit.py`), the caller keeps a memory of routed
    prefixes and no remembered prefix is worth following, the request is scored as step 6 scores
    an unplanned one, its entry credited with holding `entry_credit` of the prompt (more where it
    is remembered to hold more), ties to the entry; a pinned route is never scored. Otherwise:
