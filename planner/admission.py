@@ -145,13 +145,6 @@ class Admission:
     candidates: int  # keys eligible at all (something to save, fits the room)
 
 
-def admitted_mask(n: int, rows: I64) -> B:
-    """A per-key mask of `n` keys, true on `rows`."""
-    mask = np.zeros(n, dtype=bool)
-    mask[rows] = True
-    return mask
-
-
 def _member(values: U64, sorted_keys: U64) -> B:
     """Which `values` occur in the sorted, unique `sorted_keys`."""
     if not len(sorted_keys):

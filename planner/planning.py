@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cacheroute.planner.admission import admit, admitted_mask
-from cacheroute.planner.credit import entry_credit
+from cacheroute.planner.admission import admit
 from cacheroute.planner.inputs import checked_weights
 from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.load import CostModel, key_demand
@@ -80,7 +79,5 @@ def compute_plan(
         generated_at=generated_at,
         spill_threshold=spill_threshold,
         key_extraction=key_extraction or KeyExtraction(),
-        entry_credit=entry_credit(stats, destinations, admitted_mask(len(stats), admission.keys.rows))
-        if credit is None
-        else credit,
+        credit=credit,
     )

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from cacheroute.planner.admission import Admission, Admitted, admitted_mask, nothing_admitted_because
+from cacheroute.planner.admission import Admission, Admitted, nothing_admitted_because
+from cacheroute.planner.credit import entry_credit
 from cacheroute.planner.errors import PlanInputError
 from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.load import Demand, PinnedRoutes, dot
@@ -131,9 +132,10 @@ def plan_result(
     generated_at: str,
     spill_threshold: float,
     key_extraction: KeyExtraction,
-    entry_credit: float = 1.0,
+    credit: float | None = None,
 ) -> PlanResult:
-    """The plan's routes, the loads as routed, and the summary saying what the steps did."""
+    """The plan's routes, the loads as routed, and the summary saying what the steps did; the
+    plan's entry credit is `credit`, or the planner's (`credit.entry_credit`) when None."""
     m = len(destinations)
     n = len(stats)
     dest_ids = [d.id for d in destinations]
@@ -152,7 +154,8 @@ def plan_result(
 
     route_keys, route_offsets, route_dests = _route_columns(pin, adm, a_key, a_dest)
     asg_offsets, asg_dests, rep_out = _row_assignments(n, pin, adm, a_key, a_dest)
-    admitted = admitted_mask(n, adm.rows)
+    admitted_mask = np.zeros(n, dtype=bool)
+    admitted_mask[adm.rows] = True
     routed = pin.mask.copy()
     routed[adm.rows[routed_adm]] = True
 
@@ -179,8 +182,10 @@ def plan_result(
     )
     if obj > 1.0:
         notes.append(f"predicted max destination load {obj:.2f} exceeds its capacity")
-    if entry_credit < 1.0:
-        notes.append(f"entries credited with {entry_credit:.2f} of a prompt: most of what the plan saves comes from "
+    if credit is None:
+        credit = entry_credit(stats, destinations, admitted_mask)
+    if credit < 1.0:
+        notes.append(f"entries credited with {credit:.2f} of a prompt: most of what the plan saves comes from "
                      "keys cached wherever they go, so the router scores planned requests too")
     reason = "; ".join([headline, *notes])
     plan = Plan(
@@ -193,7 +198,7 @@ def plan_result(
         spill_threshold=spill_threshold,
         key_extraction=key_extraction,
         pinned_keys=np.unique(pin.hashes).astype(np.uint64),
-        entry_credit=entry_credit,
+        entry_credit=credit,
         summary=PlanSummary(
             admitted_keys=len(route_keys),
             admitted_request_share=req_share,
@@ -207,7 +212,7 @@ def plan_result(
     return PlanResult(
         plan=plan,
         routed=routed,
-        admitted=admitted,
+        admitted=admitted_mask,
         pinned=pin.mask,
         replicas=rep_out,
         key_load=demand.key_load,

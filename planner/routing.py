@@ -222,7 +222,7 @@ class RoutingRule(Generic[D]):
         if key_hash is not None:
             ring = self._key_candidates
             if planned is not None:
-                if held is not None and follow is None and not pinned and ring is not None and self.entry_credit < 1.0:
+                if held is not None and follow is None and self.scores_planned(pinned):
                     return self.credited(planned, usable, is_usable, held, prompt_tokens)
                 if ring is not None and self.widen_planned and not pinned:
                     planned = key_candidates(planned, ring(key_hash))
@@ -297,6 +297,11 @@ class RoutingRule(Generic[D]):
         if b_ok:
             return b
         return self.p2c(usable)
+
+    def scores_planned(self, pinned: bool) -> bool:
+        """Whether a planned request of this (un)`pinned` route is scored when the caller passes
+        `held` (step 1): what tells the caller to read its memory of routed prefixes for it."""
+        return self.entry_credit < 1.0 and not pinned and self._key_candidates is not None
 
     def credited(
         self,

@@ -266,9 +266,7 @@ class Picker:
         held = None
         if prefixes is not None:
             follow, gain = prefixes.target(chain, prompt_tokens)
-            if follow is None and self._key_seeded and (
-                planned is None or (view.rule.entry_credit < 1.0 and not pinned)
-            ):
+            if follow is None and self._key_seeded and (planned is None or view.rule.scores_planned(pinned)):
                 # Scored by what each endpoint holds of the prompt (the rule's step 6).
                 held = prefixes.held(chain, prompt_tokens)
         outcome, chosen = view.rule.choose(key_hash, planned, ready, is_usable, follow=follow, follow_gain=gain,

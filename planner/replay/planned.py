@@ -193,8 +193,6 @@ class Planned(Policy):
             widen_planned=self.routing.widen_planned,
             entry_credit=plan.entry_credit if plan is not None and self.routing.credit_entries else 1.0,
         )
-        # Planned requests are scored too when the plan credits its entries below 1 (`routing.py`).
-        self._credited = self._scoring and self._rule.entry_credit < 1.0
         if plan is None or not len(plan):
             return
         view = self.view
@@ -241,7 +239,7 @@ class Planned(Policy):
             if at >= 0:
                 follow = at
         route = None if k == NO_KEY else self._routes.get(k)
-        if follow is None and self._scoring and (route is None or (self._credited and k not in self._pinned)):
+        if follow is None and self._scoring and (route is None or self._rule.scores_planned(k in self._pinned)):
             assert follower is not None
             held = follower.held(blocks, tokens)
         if k == NO_KEY:

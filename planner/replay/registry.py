@@ -31,6 +31,12 @@ PolicyFactory = Callable[[], Policy]
 REPORT_ROUTING = RoutingSettings()
 BEFORE_ROUTING = RoutingSettings()
 
+
+def _variant(name: str) -> PolicyFactory:
+    """The factory of a CacheRoute variant: `make_policy` builds it from `_CACHEROUTE_VARIANTS`."""
+    return lambda: make_policy(name)
+
+
 # name -> (factory, what it is)
 POLICIES: dict[str, tuple[PolicyFactory, str]] = {
     "round-robin": (RoundRobin, "Flat-LB: destinations in turn"),
@@ -49,7 +55,7 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
         "longest routed prefix",
     ),
     "cacheroute-p2c": (
-        lambda: CacheRoute(PlannerSettings(unplanned="p2c"), routing=REPORT_ROUTING),
+        _variant("cacheroute-p2c"),
         "planned keys pinned to their plan entry, everything else on random p2c, load in requests: as the report",
     ),
     "cacheroute-noplan": (
@@ -57,33 +63,33 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
         "cacheroute's routing with no plan ever (key-seeded p2c, following and scoring): what its guard degrades to",
     ),
     "cacheroute-guard": (
-        lambda: CacheRoute(guard=ReplayGuard()),
+        _variant("cacheroute-guard"),
         "cacheroute, falling back to p2c for a period when the guard predicts no gain",
     ),
     "cacheroute-requests": (
-        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
+        _variant("cacheroute-requests"),
         "cacheroute with load in requests only (no prompt tokens; router --tokens-per-load-unit 0)",
     ),
     "cacheroute-widen": (
-        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, widen_planned=True)),
+        _variant("cacheroute-widen"),
         "cacheroute with planned keys widened to their ring pair plus planned destinations (router --widen-planned)",
     ),
     "cacheroute-nofollow": (
-        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
+        _variant("cacheroute-nofollow"),
         "cacheroute without the memory of routed prefixes (router --no-follow-prefixes)",
     ),
     "cacheroute-noscore": (
-        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, score_unplanned=False)),
+        _variant("cacheroute-noscore"),
         "cacheroute with unplanned requests kept to key-seeded p2c and following, never scored (the router "
         "before scoring)",
     ),
     "cacheroute-pinned": (
-        lambda: CacheRoute(routing=replace(CACHEROUTE_ROUTING, credit_entries=False)),
+        _variant("cacheroute-pinned"),
         "cacheroute with planned keys held to their entry up to the spill bound whatever the plan's entry "
         "credit (before entry credits)",
     ),
     "cacheroute-before": (
-        lambda: CacheRoute(routing=BEFORE_ROUTING),
+        _variant("cacheroute-before"),
         "cacheroute as routed before token-aware load: load in requests, planned keys pinned, no prefix memory",
     ),
 }
