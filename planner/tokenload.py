@@ -3,10 +3,18 @@
 The router and the replay measure a destination's load the same way (the routing rule only
 compares loads):
 
-    load = requests in flight + requests queued (scraped) + prompt tokens in flight / tokens_per_unit
+    load = in_flight_weight x requests in flight + requests queued (scraped)
+           + prompt tokens in flight / tokens_per_unit
 
 Requests in flight are the router's own, from dispatch to the end of the response; the queue is
-`vllm:num_requests_waiting`. Each request in flight also counts the prompt tokens it brings, as
+`vllm:num_requests_waiting`. A queued request weighs 1: it holds a newcomer back until it is
+admitted. A request in flight weighs `in_flight_weight`, a quarter by default: once running, it
+shares each engine step with the newcomer (chunked prefill batches new prompts with decodes), so
+it delays a newcomer's first token by a fraction of a step, not by a place in the queue. Counting
+it whole sent requests away from a destination busy decoding to one with requests queued (the
+load GIE's queue scorer compares is the queue alone; the figures are in docs/capacity.md). It is
+not 0: between two scrapes, the requests in flight are the only count the router has of its own
+dispatches. Each request in flight also counts the prompt tokens it brings, as
 estimated from its body. A destination chewing through a few long prompts is then as loaded as one
 serving many short ones: counting requests alone sends a 60k-token prompt to the replica already
 prefilling another one. `tokens_per_unit` is how many such tokens weigh as much as one more
@@ -27,6 +35,7 @@ from __future__ import annotations
 from typing import Final
 
 DEFAULT_TOKENS_PER_LOAD_UNIT: Final = 4096
+DEFAULT_IN_FLIGHT_WEIGHT: Final = 0.25
 BYTES_PER_TOKEN: Final = 4
 # Weight of the newest observation in the learned ratio: about the last 200 responses count.
 _LEARNING_RATE: Final = 0.005
@@ -37,6 +46,12 @@ _MIN_RATIO, _MAX_RATIO = 0.02, 2.0
 def check_tokens_per_unit(tokens: float) -> None:
     if not tokens >= 0:
         raise ValueError(f"tokens per load unit must not be negative (0: requests only), got {tokens}")
+
+
+def check_in_flight_weight(weight: float) -> None:
+    if not 0 <= weight <= 1:
+        raise ValueError(f"in-flight weight must be within [0, 1] (1: a request in flight weighs a queued one), "
+                         f"got {weight}")
 
 
 class TokenEstimator:

@@ -13,7 +13,7 @@ import typer
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE
 from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
-from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT
+from cacheroute.planner.tokenload import DEFAULT_IN_FLIGHT_WEIGHT, DEFAULT_TOKENS_PER_LOAD_UNIT
 from cacheroute.router import eventloop, sidecar
 from cacheroute.router.settings import (
     BODY_MODES,
@@ -184,6 +184,16 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             "(token-aware load; the prompt size is estimated from the body). 0 counts requests only.",
         ),
     ] = DEFAULT_TOKENS_PER_LOAD_UNIT,
+    in_flight_weight: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            envvar=_env("IN_FLIGHT_WEIGHT"),
+            help="What one of the router's requests in flight weighs in an endpoint's load against a request "
+            "queued on it (1: the same).",
+        ),
+    ] = DEFAULT_IN_FLIGHT_WEIGHT,
     widen_planned: Annotated[
         bool,
         typer.Option(
@@ -296,6 +306,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             fallbacks=fallbacks,
             unplanned=unplanned,
             tokens_per_load_unit=tokens_per_load_unit,
+            in_flight_weight=in_flight_weight,
             widen_planned=widen_planned,
             follow_prefixes=follow_prefixes,
             prefix_memory_blocks=prefix_memory_blocks,

@@ -77,7 +77,9 @@ class EndpointPool:
         self.in_flight_ready = 0
         self.waiting_ready = 0
         self.tokens_ready = 0
-        # Load units per prompt token in flight (0: requests only); the picker sets it.
+        # Load units per request and per prompt token in flight (`planner/tokenload.py`); the
+        # picker sets them.
+        self.per_request = 1.0
         self.per_token = 0.0
         self._listeners: list[Callable[[], None]] = []
 
@@ -205,10 +207,11 @@ class EndpointPool:
             self.tokens_ready -= tokens
 
     def mean_load(self) -> float:
-        """Mean load over ready endpoints: in flight plus queued, plus prompt tokens in flight
-        times `per_token` (token-aware load, `planner/tokenload.py`)."""
+        """Mean load over ready endpoints: in flight times `per_request` plus queued, plus prompt
+        tokens in flight times `per_token` (token-aware load, `planner/tokenload.py`)."""
         n = len(self.ready)
-        return (self.in_flight_ready + self.waiting_ready + self.tokens_ready * self.per_token) / n if n else 0.0
+        load = self.in_flight_ready * self.per_request + self.waiting_ready + self.tokens_ready * self.per_token
+        return load / n if n else 0.0
 
     @property
     def known(self) -> bool:

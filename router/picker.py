@@ -4,8 +4,9 @@ the router's endpoints.
 The rule decides planned, spilled, key-seeded p2c or p2c; this module supplies what it decides
 from: the ready endpoints (narrowed by the data plane's subset hint), each key's planned endpoints,
 the ring of every known endpoint for key-seeded p2c, and the load. Load is the router's own
-in-flight count for the endpoint plus the queue depth the endpoint reports on /metrics (the first
-reacts within a request, the second sees other router replicas) plus the prompt tokens of the
+in-flight count for the endpoint (each request weighing `in_flight_weight`) plus the queue depth
+the endpoint reports on /metrics (the first reacts within a request, the second sees other router
+replicas) plus the prompt tokens of the
 router's requests in flight there over `tokens_per_unit` (`planner/tokenload.py`: a few long
 prompts weigh as much as many short ones; the exchange estimates each request's tokens from its
 body size and charges them with `EndpointPool.acquire`). With `follow_prefixes`, it also
@@ -38,7 +39,12 @@ from cacheroute.planner.routing import (
     RoutingRule,
     ring_candidates,
 )
-from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT, check_tokens_per_unit
+from cacheroute.planner.tokenload import (
+    DEFAULT_IN_FLIGHT_WEIGHT,
+    DEFAULT_TOKENS_PER_LOAD_UNIT,
+    check_in_flight_weight,
+    check_tokens_per_unit,
+)
 from cacheroute.router.endpoints import Endpoint, EndpointPool
 from cacheroute.router.following import RoutedPrefixes
 from cacheroute.router.prompts import BLOCK_TOKENS
@@ -73,18 +79,20 @@ class _View(NamedTuple):
 
 
 class _EndpointLoads:
-    """The rule's view of load (`planner/tokenload.py`): in flight plus scraped queue plus prompt
-    tokens in flight over `tokens_per_unit` (0: requests only); the mean over ready endpoints."""
+    """The rule's view of load (`planner/tokenload.py`): in flight times `in_flight_weight` plus
+    scraped queue plus prompt tokens in flight over `tokens_per_unit` (0: requests only); the mean
+    over ready endpoints."""
 
     __slots__ = ("load", "mean")
 
-    def __init__(self, pool: EndpointPool, tokens_per_unit: float) -> None:
+    def __init__(self, pool: EndpointPool, tokens_per_unit: float, in_flight_weight: float) -> None:
         per_token = pool.per_token = 1.0 / tokens_per_unit if tokens_per_unit > 0 else 0.0
+        per_request = pool.per_request = in_flight_weight
         self.mean = pool.mean_load
 
         # A plain function (no bound-method lookup): called for every candidate of every decision.
         def load(endpoint: Endpoint, /) -> float:
-            return endpoint.in_flight + endpoint.waiting + endpoint.in_flight_tokens * per_token
+            return endpoint.in_flight * per_request + endpoint.waiting + endpoint.in_flight_tokens * per_token
 
         self.load = load
 
@@ -111,12 +119,14 @@ class Picker:
         seed: int | None = None,
         unplanned: str = DEFAULT_UNPLANNED,
         tokens_per_unit: float = DEFAULT_TOKENS_PER_LOAD_UNIT,
+        in_flight_weight: float = DEFAULT_IN_FLIGHT_WEIGHT,
         widen_planned: bool = False,
         follow_prefixes: bool = False,
         prefix_memory_blocks: int = DEFAULT_PREFIX_MEMORY_BLOCKS,
         endpoint_kv_tokens: int = 0,
     ) -> None:
         check_tokens_per_unit(tokens_per_unit)
+        check_in_flight_weight(in_flight_weight)
         self.pool = pool
         # Prompt tokens a request brings are charged to its endpoint only when load counts them.
         self.token_aware = tokens_per_unit > 0
@@ -126,7 +136,7 @@ class Picker:
         self._fallbacks = fallbacks
         self._keys = keys or KeyOverrides()
         self._random = random.Random(seed).random
-        self._loads = _EndpointLoads(pool, tokens_per_unit)
+        self._loads = _EndpointLoads(pool, tokens_per_unit, in_flight_weight)
         self._widen = widen_planned
         self._prefix_limit = prefix_memory_blocks
         # KV tokens one endpoint holds (GPU and host tiers; 0: not known): sizes the memory of

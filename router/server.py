@@ -68,6 +68,7 @@ class Router:
             seed=settings.seed,
             unplanned=settings.unplanned,
             tokens_per_unit=settings.tokens_per_load_unit,
+            in_flight_weight=settings.in_flight_weight,
             widen_planned=settings.widen_planned,
             follow_prefixes=settings.follow_prefixes,
             prefix_memory_blocks=settings.prefix_memory_blocks,

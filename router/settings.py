@@ -11,7 +11,7 @@ from cacheroute.planner.keyring import DEFAULT_UNPLANNED, UNPLANNED_MODES
 from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE, KeyExtraction
 from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
-from cacheroute.planner.tokenload import DEFAULT_TOKENS_PER_LOAD_UNIT
+from cacheroute.planner.tokenload import DEFAULT_IN_FLIGHT_WEIGHT, DEFAULT_TOKENS_PER_LOAD_UNIT
 from cacheroute.router.eventloop import EVENT_LOOPS
 
 DEFAULT_GRPC_PORT = 9002
@@ -110,6 +110,8 @@ class RouterSettings:
     unplanned: str = DEFAULT_UNPLANNED
     # Token-aware load: prompt tokens in flight that weigh one request (0: requests only).
     tokens_per_load_unit: float = DEFAULT_TOKENS_PER_LOAD_UNIT
+    # What a request in flight weighs against a queued one (`planner/tokenload.py`).
+    in_flight_weight: float = DEFAULT_IN_FLIGHT_WEIGHT
     # Computed routes also get their key's ring candidates (`routing.key_candidates`).
     widen_planned: bool = False
     # Requests follow the longest prefix of their prompt this router routed before (`following.py`).
@@ -150,6 +152,7 @@ class RouterSettings:
         if self.unplanned not in UNPLANNED_MODES:
             raise SettingsError(f"unplanned {self.unplanned!r} is not one of {', '.join(UNPLANNED_MODES)}")
         _check_range("tokens-per-load-unit", self.tokens_per_load_unit, 0, 1e9, unit=" tokens (0: requests only)")
+        _check_range("in-flight-weight", self.in_flight_weight, 0, 1, unit=" (1: a queued request's weight)")
         _check_range("prefix-memory-blocks", self.prefix_memory_blocks, 1, MAX_PREFIX_MEMORY_BLOCKS)
         _check_range("endpoint-kv-tokens", self.endpoint_kv_tokens, 0, MAX_ENDPOINT_KV_TOKENS,
                      unit=" tokens (0: not known)")

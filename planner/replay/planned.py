@@ -6,10 +6,10 @@ by key-seeded p2c (`unplanned="key-p2c"`, the default) or random p2c (`unplanned
 report does), keyless requests by p2c; with `RoutingSettings.follow_prefixes` (the router's
 default), a request follows the longest prefix of it the policy routed before
 (`prefixes.PrefixFollower` over the trace's block ids, where the router hashes the prompt's text
-in blocks of the same size). Load is the router's in-flight count plus the queue depth
-the destination reports, plus prompt tokens in flight when `tokens_per_unit` is set
-(`EngineLoads`, `tokenload.py`). `Planned()` with no plan and the defaults of `RoutingSettings()`
-is key-seeded p2c alone, the router's fallback for unplanned keys.
+in blocks of the same size). Load is the router's in-flight count (each request weighing
+`in_flight_weight`) plus the queue depth the destination reports, plus prompt tokens in flight
+when `tokens_per_unit` is set (`EngineLoads`, `tokenload.py`). `Planned()` with no plan and the
+defaults of `RoutingSettings()` is key-seeded p2c alone, the router's fallback for unplanned keys.
 
 `cacheroute` re-plans every `control_period_s` (60 s) from the statistics of the requests that
 arrived in the previous `window_s` (30 min) only (`keystats.key_stats_from_trace` over the past, never the
@@ -52,8 +52,10 @@ from cacheroute.planner.routing import (
 from cacheroute.planner.settings import Budget, Stability
 from cacheroute.planner.tokenload import (
     BYTES_PER_TOKEN,
+    DEFAULT_IN_FLIGHT_WEIGHT,
     DEFAULT_TOKENS_PER_LOAD_UNIT,
     TokenEstimator,
+    check_in_flight_weight,
     check_tokens_per_unit,
 )
 from cacheroute.planner.trace import NO_KEY, RequestTrace
@@ -66,7 +68,7 @@ DEFAULT_WINDOW_S = 1800.0
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    """How the router measures load (`--tokens-per-load-unit`) and whether requests follow their
+    """How the router measures load (`--tokens-per-load-unit`, `--in-flight-weight`) and whether requests follow their
     longest routed prefix (`--follow-prefixes`, `prefixes.PrefixFollower`, a memory of
     `--prefix-memory-blocks`).
 
@@ -75,6 +77,8 @@ class RoutingSettings:
     """
 
     tokens_per_unit: float = 0.0  # 0: load counts requests only
+    # What a request in flight weighs against a queued one (`tokenload.py`).
+    in_flight_weight: float = 1.0
     follow_prefixes: bool = False
     # Planned keys keep their ring candidates too (the router's `--widen-planned`; off: their plan
     # entry alone, whose length the planner decides from the key's load).
@@ -92,35 +96,40 @@ class RoutingSettings:
 
     def __post_init__(self) -> None:
         check_tokens_per_unit(self.tokens_per_unit)
+        check_in_flight_weight(self.in_flight_weight)
         check_follow(self.follow_ratio, self.follow_slack)
         if self.prefix_memory_blocks < 1:
             raise ValueError(f"prefix memory must hold at least 1 block, got {self.prefix_memory_blocks}")
 
 
-CACHEROUTE_ROUTING = RoutingSettings(tokens_per_unit=DEFAULT_TOKENS_PER_LOAD_UNIT, follow_prefixes=True)
+CACHEROUTE_ROUTING = RoutingSettings(tokens_per_unit=DEFAULT_TOKENS_PER_LOAD_UNIT,
+                                     in_flight_weight=DEFAULT_IN_FLIGHT_WEIGHT, follow_prefixes=True)
 
 
 class EngineLoads:
-    """The rule's view of load in the replay: the router's in-flight count plus the queue depth
-    the destination reports, plus the prompt tokens in flight over `tokens_per_unit` (0: none);
-    the mean over every destination (all are ready in the replay)."""
+    """The rule's view of load in the replay: the router's in-flight count, each request weighing
+    `in_flight_weight`, plus the queue depth the destination reports, plus the prompt tokens in
+    flight over `tokens_per_unit` (0: none); the mean over every destination (all are ready in
+    the replay)."""
 
-    __slots__ = ("_engines", "_inflight", "_tokens", "_unit", "_view")
+    __slots__ = ("_engines", "_inflight", "_per_request", "_tokens", "_unit", "_view")
 
-    def __init__(self, view: RouterView, tokens_per_unit: float = 0.0) -> None:
+    def __init__(self, view: RouterView, tokens_per_unit: float = 0.0, in_flight_weight: float = 1.0) -> None:
         self._view = view
         self._inflight = view.inflight
         self._engines = view.engines
         self._tokens = view.inflight_tokens
         self._unit = 1.0 / tokens_per_unit if tokens_per_unit > 0 else 0.0
+        self._per_request = in_flight_weight
 
     def load(self, d: int, /) -> float:
-        return self._inflight[d] + len(self._engines[d].waiting) + self._tokens[d] * self._unit
+        return (self._inflight[d] * self._per_request + len(self._engines[d].waiting)
+                + self._tokens[d] * self._unit)
 
     def mean(self) -> float:
         view = self._view
         queued = sum(len(e.waiting) for e in self._engines)
-        return (view.total_inflight + queued + view.total_inflight_tokens * self._unit) / view.n
+        return (view.total_inflight * self._per_request + queued + view.total_inflight_tokens * self._unit) / view.n
 
 
 class Planned(Policy):
@@ -140,7 +149,8 @@ class Planned(Policy):
         r = self.routing
         return {"name": self.name, "spill_slack": self.spill_slack, "unplanned": self.unplanned,
                 "routes": len(self.fixed_plan) if self.fixed_plan is not None else 0,
-                "tokens_per_unit": r.tokens_per_unit, "follow_prefixes": r.follow_prefixes,
+                "tokens_per_unit": r.tokens_per_unit, "in_flight_weight": r.in_flight_weight,
+                "follow_prefixes": r.follow_prefixes,
                 "score_unplanned": r.score_unplanned, "credit_entries": r.credit_entries}
 
     def bind(self, view: RouterView, seed: int) -> None:
@@ -151,7 +161,7 @@ class Planned(Policy):
         # Every destination is ready in the replay; the rule names them by index.
         self._usable = range(view.n)
         r = self.routing
-        self._loads = EngineLoads(view, r.tokens_per_unit)
+        self._loads = EngineLoads(view, r.tokens_per_unit, r.in_flight_weight)
         self._key_candidates = ring_candidates(KeyRing(view.destination_ids), self._usable, memo=True)
         # Prompt tokens in flight are charged when load counts them.
         self._unit = 1.0 / r.tokens_per_unit if r.tokens_per_unit > 0 else 0.0
@@ -329,6 +339,7 @@ class CacheRoute(Planned):
             "warm_budget": s.budget.warm_tokens_per_destination,
             "guard": self.guard is not None,
             "tokens_per_unit": self.routing.tokens_per_unit,
+            "in_flight_weight": self.routing.in_flight_weight,
             "follow_prefixes": self.routing.follow_prefixes,
             "score_unplanned": self.routing.score_unplanned,
             "credit_entries": self.routing.credit_entries,

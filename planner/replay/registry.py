@@ -70,6 +70,11 @@ POLICIES: dict[str, tuple[PolicyFactory, str]] = {
         _variant("cacheroute-requests"),
         "cacheroute with load in requests only (no prompt tokens; router --tokens-per-load-unit 0)",
     ),
+    "cacheroute-inflight": (
+        _variant("cacheroute-inflight"),
+        "cacheroute with a request in flight weighing as much as a queued one (router --in-flight-weight 1; "
+        "the load before)",
+    ),
     "cacheroute-widen": (
         _variant("cacheroute-widen"),
         "cacheroute with planned keys widened to their ring pair plus planned destinations (router --widen-planned)",
@@ -104,6 +109,7 @@ _CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None, RoutingSettings]] = {
     "cacheroute-guard": (True, None, CACHEROUTE_ROUTING),
     "cacheroute-p2c": (False, "p2c", REPORT_ROUTING),
     "cacheroute-requests": (False, None, replace(CACHEROUTE_ROUTING, tokens_per_unit=0.0)),
+    "cacheroute-inflight": (False, None, replace(CACHEROUTE_ROUTING, in_flight_weight=1.0)),
     "cacheroute-nofollow": (False, None, replace(CACHEROUTE_ROUTING, follow_prefixes=False)),
     "cacheroute-widen": (False, None, replace(CACHEROUTE_ROUTING, widen_planned=True)),
     "cacheroute-noscore": (False, None, replace(CACHEROUTE_ROUTING, score_unplanned=False)),

@@ -356,14 +356,15 @@ def compare_with_baselines(trace: RequestTrace, engine: EngineProfile, destinati
     CacheRoute's ratios to the best baseline."""
     res = search(trace, [(p, p, engine, destinations)
                          for p in (*PER_REQUEST, "cacheroute", "cacheroute-guard", "cacheroute-noplan",
-                                   "cacheroute-pinned")], slo)
+                                   "cacheroute-pinned", "cacheroute-inflight")], slo)
     best = best_of(res, PER_REQUEST)
     r = ratio(res["cacheroute"]["capacity_qps"], res[best]["capacity_qps"])
     g = ratio(res["cacheroute-guard"]["capacity_qps"], res[best]["capacity_qps"])
     floor = ratio(res["cacheroute-guard"]["capacity_qps"], res["cacheroute-noplan"]["capacity_qps"])
     pinned = ratio(res["cacheroute-pinned"]["capacity_qps"], res[best]["capacity_qps"])
+    inflight = ratio(res["cacheroute-inflight"]["capacity_qps"], res[best]["capacity_qps"])
     return {"slo_p99_ttft_s": slo, "policies": res, "best_per_request": best, "ratio": r, "guard_ratio": g,
-            "guard_vs_noplan": floor, "pinned_ratio": pinned}
+            "guard_vs_noplan": floor, "pinned_ratio": pinned, "inflight_ratio": inflight}
 
 
 def bench_heldout(seeds: Sequence[int]) -> dict[str, Any]:
@@ -380,7 +381,8 @@ def bench_heldout(seeds: Sequence[int]) -> dict[str, Any]:
         found = compare_with_baselines(w.trace, engine, TRACE_DESTINATIONS, slo)
         log(f"    CacheRoute / {found['best_per_request']} = {found['ratio']:.3f} (target 1.00); with its guard "
             f"{found['guard_ratio']:.3f}; with its guard / without any plan {found['guard_vs_noplan']:.3f}; "
-            f"entries held (no credit) {found['pinned_ratio']:.3f}")
+            f"entries held (no credit) {found['pinned_ratio']:.3f}; requests in flight weighing whole "
+            f"{found['inflight_ratio']:.3f}")
         out[spec.name] = {"spec": spec.to_dict(), "stats": st.to_dict(), **found,
                           "check": check(found["ratio"], 1.0, baseline=found["best_per_request"])}
     guarded = [v["guard_ratio"] for v in out.values()]

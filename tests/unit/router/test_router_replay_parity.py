@@ -52,6 +52,7 @@ class State:
     requests: list[str | None]  # key names (planned or not) or None for keyless requests
     sizes: list[int]  # prompt tokens of each request
     tokens_per_unit: float = 0.0
+    in_flight_weight: float = 1.0  # what a request in flight weighs against a queued one
     pinned: tuple[str, ...] = ()  # planned keys kept to their entry
     widen_planned: bool = False
     follow: bool = False
@@ -87,6 +88,7 @@ def states(draw: st.DrawFn) -> State:
         sizes=draw(st.lists(st.one_of(small, st.integers(1, 100_000)), min_size=len(requests),
                             max_size=len(requests))),
         tokens_per_unit=draw(st.sampled_from([0.0, 512.0, 4096.0])),
+        in_flight_weight=draw(st.sampled_from([1.0, 0.25, 0.0])),
         pinned=tuple(k for k in planned_keys if draw(st.booleans())),
         widen_planned=draw(st.booleans()),
         follow=draw(st.booleans()),
@@ -114,8 +116,8 @@ def plan_of(state: State) -> Plan:
 def router_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     pool = EndpointPool(scraping=False)
     picker = Picker(pool, spill_slack=state.spill_slack, seed=state.seed, unplanned=state.unplanned,
-                    tokens_per_unit=state.tokens_per_unit, widen_planned=state.widen_planned,
-                    follow_prefixes=state.follow)
+                    tokens_per_unit=state.tokens_per_unit, in_flight_weight=state.in_flight_weight,
+                    widen_planned=state.widen_planned, follow_prefixes=state.follow)
     pool.set_plan_destinations(plan.destinations)
     picker.install(build_table(plan, "v1"))
     index = {d.address: i for i, d in enumerate(plan.destinations)}
@@ -172,6 +174,7 @@ def replay_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     view = RouterView(trace, engines, req, destination_ids=destination_ids(n), profile=PROFILE, get_blocks=blocks)
     policy = Planned(plan, spill_slack=state.spill_slack, unplanned=state.unplanned,
                      routing=RoutingSettings(tokens_per_unit=state.tokens_per_unit,
+                                             in_flight_weight=state.in_flight_weight,
                                              widen_planned=state.widen_planned, follow_prefixes=state.follow))
     policy.bind(view, state.seed)
     view.inflight[:] = state.in_flight
@@ -270,3 +273,18 @@ def test_a_planned_request_is_scored_alike_in_both_when_its_entry_is_credited() 
     pinned = State(**{**state.__dict__, "entry_credit": 1.0})
     assert router_decisions(pinned, plan_of(pinned)) == [(PLANNED, 0), (PLANNED, 0)]
     assert router_decisions(pinned, plan_of(pinned)) == replay_decisions(pinned, plan_of(pinned))
+
+
+def test_a_queue_outweighs_requests_in_flight_in_both() -> None:
+    """A request queued on a destination holds a newcomer back more than one running there: with
+    requests in flight weighing a quarter, p2c sends the request to the destination busy decoding
+    six rather than the one with two queued, in the router and in the replay; weighing them whole
+    (the load before) sends it to the queue."""
+    base = State(in_flight=[6, 1], waiting=[0, 2], in_flight_tokens=[0, 0], routes={},
+                 spill_threshold=1.5, spill_slack=2.0, unplanned="p2c", seed=3,
+                 requests=[None], sizes=[100], in_flight_weight=0.25)
+    whole = State(**{**base.__dict__, "in_flight_weight": 1.0})
+    assert router_decisions(base, plan_of(base)) == [(P2C, 0)]
+    assert router_decisions(whole, plan_of(whole)) == [(P2C, 1)]
+    for state in (base, whole):
+        assert router_decisions(state, plan_of(state)) == replay_decisions(state, plan_of(state))
