@@ -187,11 +187,8 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     in_flight_weight: Annotated[
         float,
         typer.Option(
-            min=0.0,
-            max=1.0,
-            envvar=_env("IN_FLIGHT_WEIGHT"),
-            help="What one of the router's requests in flight weighs in an endpoint's load against a request "
-            "queued on it (1: the same).",
+            min=0.0, max=1.0, envvar=_env("IN_FLIGHT_WEIGHT"),
+            help="Weight of a request in flight in an endpoint's load; a queued request weighs 1.",
         ),
     ] = DEFAULT_IN_FLIGHT_WEIGHT,
     widen_planned: Annotated[
