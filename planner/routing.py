@@ -61,7 +61,7 @@ from typing import Final, Generic, Protocol, TypeVar
 from cacheroute.planner.keyring import KeyRing
 
 # Bounded affinity: a planned destination takes a request while its load is at most
-# threshold x mean load + slack (in units of the load measure: requests in flight).
+# threshold x mean load + slack (in units of the load measure, `tokenload.py`: one queued request).
 DEFAULT_SPILL_THRESHOLD: Final = 1.5
 DEFAULT_SPILL_SLACK: Final = 2.0
 # A request follows its prefix while that destination's load is at most ratio x the other
