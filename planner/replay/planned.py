@@ -68,9 +68,9 @@ DEFAULT_WINDOW_S = 1800.0
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    """How the router measures load (`--tokens-per-load-unit`, `--in-flight-weight`) and whether requests follow their
-    longest routed prefix (`--follow-prefixes`, `prefixes.PrefixFollower`, a memory of
-    `--prefix-memory-blocks`).
+    """How the router measures load (`--tokens-per-load-unit`, `--in-flight-weight`) and whether
+    requests follow their longest routed prefix (`--follow-prefixes`, `prefixes.PrefixFollower`, a
+    memory of `--prefix-memory-blocks`).
 
     The defaults are the router's routing before token-aware load and prefix memory (request-count
     load, no memory); `CACHEROUTE_ROUTING` is what the router runs by default now.

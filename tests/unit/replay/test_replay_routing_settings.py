@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from cacheroute.planner.replay.planned import CACHEROUTE_ROUTING, RoutingSettings
@@ -18,7 +20,7 @@ from cacheroute.planner.tokenload import DEFAULT_IN_FLIGHT_WEIGHT
     ],
 )
 def test_out_of_range_routing_settings_are_refused(settings: dict[str, float], message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         RoutingSettings(**settings)  # type: ignore[arg-type]
 
 
