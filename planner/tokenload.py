@@ -4,7 +4,7 @@ The router and the replay measure a destination's load the same way (the routing
 compares loads):
 
     load = in_flight_weight x requests in flight + requests queued (scraped)
-           + prompt tokens in flight / tokens_per_unit
+           + prompt tokens still to prefill / tokens_per_unit
 
 Requests in flight are the router's own, from dispatch to the end of the response; the queue is
 `vllm:num_requests_waiting`. A queued request weighs 1: it holds a newcomer back until it is
@@ -14,12 +14,21 @@ it delays a newcomer's first token by a fraction of a step, not by a place in th
 it whole sent requests away from a destination busy decoding to one with requests queued (the
 load GIE's queue scorer compares is the queue alone; the figures are in docs/capacity.md). It is
 not 0: between two scrapes, the requests in flight are the only count the router has of its own
-dispatches. Each request in flight also counts the prompt tokens it brings, as
-estimated from its body. A destination chewing through a few long prompts is then as loaded as one
-serving many short ones: counting requests alone sends a 60k-token prompt to the replica already
-prefilling another one. `tokens_per_unit` is how many such tokens weigh as much as one more
-request in flight: 4,096 by default, half of vLLM's default step budget on H100 (about 0.3 s of
-prefill for a 70B TP=2 replica). The figures behind it are in docs/capacity.md.
+dispatches.
+
+A request still to be prefilled also counts the prompt tokens it brings, as estimated from its
+body. A destination chewing through a few long prompts is then as loaded as one serving many
+short ones: counting requests alone sends a 60k-token prompt to the replica already prefilling
+another one. `tokens_per_unit` is how many such tokens weigh as much as one more request in
+flight: 4,096 by default, half of vLLM's default step budget on H100 (about 0.3 s of prefill for
+a 70B TP=2 replica). Once its first token is out, a request's prompt costs nothing more, but
+neither side sees first tokens (the router would have to take every response chunk). vLLM admits
+requests in arrival order, so of the requests in flight to a destination, the newest `waiting + 1`
+are the queued ones and the one prefilling: their charges are what is still to prefill
+(`pending_prompt_tokens`). The router recounts them at every scrape and adds whatever it sends
+between two scrapes; the replay, which reads the queue exactly, recounts them at every decision.
+Charging a prompt until the response ended instead counted the prompts of requests long since
+decoding. The figures behind both choices are in docs/capacity.md.
 
 When requests follow their routed prefixes (`prefixes.PrefixFollower`), a request is charged only
 the tokens past the prefix the memory says its destination holds (`uncached_tokens`).
@@ -32,6 +41,7 @@ bytes per token, so its estimates start right where the router's converge.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 DEFAULT_TOKENS_PER_LOAD_UNIT: Final = 4096
@@ -77,6 +87,22 @@ class TokenEstimator:
         # Plain mean over the first responses, then an exponential average.
         weight = max(_LEARNING_RATE, 1.0 / self.samples)
         self.ratio += weight * (observed - self.ratio)
+
+
+def pending_prompt_tokens(charges: Mapping[int, int], waiting: int) -> tuple[int, int]:
+    """The prompt tokens still to prefill at a destination, from the charges of its requests in
+    flight in dispatch order (oldest first) and its queue depth: the newest `waiting + 1`
+    charges, and the ticket of the oldest of them (every later ticket is counted too)."""
+    total = 0
+    oldest = 0
+    left = waiting + 1
+    for ticket in reversed(charges):
+        if left <= 0:
+            break
+        total += charges[ticket]
+        oldest = ticket
+        left -= 1
+    return total, oldest
 
 
 def uncached_tokens(prompt_tokens: int, held_tokens: int) -> int:

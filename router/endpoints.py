@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cacheroute.planner.plan import Destination
+from cacheroute.planner.tokenload import pending_prompt_tokens
 
 
 class Endpoint:
@@ -19,10 +20,12 @@ class Endpoint:
 
     __slots__ = (
         "address",
+        "counted_from",
         "destination",
         "in_flight",
         "in_flight_tokens",
         "member_ready",
+        "pending",
         "ready",
         "running",
         "scrape_ok",
@@ -33,10 +36,13 @@ class Endpoint:
     def __init__(self, address: str, destination: str = "") -> None:
         self.address = address
         self.destination = destination
-        # Requests this router sent there and that have not finished yet, and the prompt tokens
-        # they brought, as estimated from their bodies (token-aware load).
+        # Requests this router sent there and that have not finished yet; of the prompt tokens they
+        # brought (estimated from their bodies), those still to prefill (token-aware load); and
+        # each request's charge by ticket, in dispatch order, with the oldest ticket counted.
         self.in_flight = 0
         self.in_flight_tokens = 0
+        self.pending: dict[int, int] = {}
+        self.counted_from = 0
         # Queue depth and batch size reported by the engine's /metrics.
         self.waiting = 0
         self.running = 0
@@ -81,6 +87,7 @@ class EndpointPool:
         # picker sets them.
         self.per_request = 1.0
         self.per_token = 0.0
+        self._tickets = 0
         self._listeners: list[Callable[[], None]] = []
 
     # --- membership -------------------------------------------------------------------------------
@@ -178,8 +185,11 @@ class EndpointPool:
 
     def record_scrape(self, endpoint: Endpoint, *, ok: bool, running: int = 0, waiting: int = 0) -> None:
         """Apply one scrape result; a failed scrape takes the endpoint out until the next success."""
-        if endpoint.ready and ok:
-            self.waiting_ready += waiting - endpoint.waiting
+        if ok:
+            if endpoint.ready:
+                self.waiting_ready += waiting - endpoint.waiting
+            if endpoint.pending:
+                self._recount(endpoint, waiting)
         endpoint.scraped = True
         endpoint.scrape_ok = ok
         if ok:
@@ -190,25 +200,43 @@ class EndpointPool:
         if self._set_ready(endpoint, self._should_be_ready(endpoint)):
             self._refresh_ready_tuple()
 
-    def acquire(self, endpoint: Endpoint, tokens: int = 0) -> None:
-        """A request (bringing `tokens` prompt tokens to compute) was sent to `endpoint`."""
+    def _recount(self, endpoint: Endpoint, waiting: int) -> None:
+        """The prompt tokens still to prefill, from the queue depth just scraped (`tokenload.py`)."""
+        tokens, endpoint.counted_from = pending_prompt_tokens(endpoint.pending, waiting)
+        if endpoint.ready:
+            self.tokens_ready += tokens - endpoint.in_flight_tokens
+        endpoint.in_flight_tokens = tokens
+
+    def acquire(self, endpoint: Endpoint, tokens: int = 0) -> int:
+        """A request (bringing `tokens` prompt tokens to compute) was sent to `endpoint`; the
+        ticket returned goes back to `release`."""
+        self._tickets += 1
+        ticket = self._tickets
         endpoint.in_flight += 1
-        endpoint.in_flight_tokens += tokens
         if endpoint.ready:
             self.in_flight_ready += 1
-            self.tokens_ready += tokens
+        if self.per_token:
+            # The newest request is always still to prefill: counted until a scrape says otherwise.
+            endpoint.pending[ticket] = tokens
+            endpoint.in_flight_tokens += tokens
+            if endpoint.ready:
+                self.tokens_ready += tokens
+        return ticket
 
-    def release(self, endpoint: Endpoint, tokens: int = 0) -> None:
-        """The request `acquire` counted ended."""
+    def release(self, endpoint: Endpoint, ticket: int = 0) -> None:
+        """The request `acquire` counted (and gave `ticket`) ended."""
         endpoint.in_flight -= 1
-        endpoint.in_flight_tokens -= tokens
         if endpoint.ready:
             self.in_flight_ready -= 1
-            self.tokens_ready -= tokens
+        tokens = endpoint.pending.pop(ticket, None)
+        if tokens is not None and ticket >= endpoint.counted_from:
+            endpoint.in_flight_tokens -= tokens
+            if endpoint.ready:
+                self.tokens_ready -= tokens
 
     def mean_load(self) -> float:
         """Mean load over ready endpoints: in flight times `per_request` plus queued, plus prompt
-        tokens in flight times `per_token` (token-aware load, `planner/tokenload.py`)."""
+        tokens still to prefill times `per_token` (token-aware load, `planner/tokenload.py`)."""
         n = len(self.ready)
         load = self.in_flight_ready * self.per_request + self.waiting_ready + self.tokens_ready * self.per_token
         return load / n if n else 0.0

@@ -197,7 +197,6 @@ class Exchange:
         "allowed",
         "body_bytes",
         "chain",
-        "charge",
         "chunks",
         "content_length",
         "core",
@@ -213,6 +212,7 @@ class Exchange:
         "prefix_tokens",
         "request_mode",
         "response_mode",
+        "ticket",
         "usage_tokens",
     )
 
@@ -220,8 +220,8 @@ class Exchange:
         self.core = core
         self.decided = False
         self.endpoint: Endpoint | None = None
-        # Prompt tokens charged to `endpoint` while the request is in flight (token-aware load).
-        self.charge = 0
+        # What `endpoint`'s pool gave for this request: handed back when it ends (token-aware load).
+        self.ticket = 0
         self.key: keymod.Key | None = None
         self.outcome = ""
         self.headers: dict[str, str] = {}
@@ -423,7 +423,7 @@ class Exchange:
         decision = core.picker.pick(key.hash if key is not None else None, self.allowed, tokens, self.chain)
         if self.endpoint is not None:
             # Only a fallback after a failed message decides twice; the first endpoint goes back.
-            core.pool.release(self.endpoint, self.charge)
+            core.pool.release(self.endpoint, self.ticket)
             self.endpoint = None
         self.outcome = decision.outcome
         metrics = core.metrics
@@ -434,8 +434,7 @@ class Exchange:
             return _NO_ENDPOINT
         endpoints = decision.endpoints
         primary = endpoints[0]
-        self.charge = decision.charge
-        core.pool.acquire(primary, self.charge)
+        self.ticket = core.pool.acquire(primary, decision.charge)
         self.endpoint = primary
         value = primary.address if len(endpoints) == 1 else ",".join(e.address for e in endpoints)
         response = core.replies.get((phase, value)) or core.route_response(phase, value)
@@ -481,7 +480,7 @@ class Exchange:
     def finish(self) -> None:
         """The stream ended (response complete or reset): release the endpoint, count the request."""
         if self.endpoint is not None:
-            self.core.pool.release(self.endpoint, self.charge)
+            self.core.pool.release(self.endpoint, self.ticket)
             self.endpoint = None
         if not self.decided or self.outcome == NONE:
             return

@@ -57,6 +57,7 @@ from cacheroute.planner.tokenload import (
     TokenEstimator,
     check_in_flight_weight,
     check_tokens_per_unit,
+    pending_prompt_tokens,
 )
 from cacheroute.planner.trace import NO_KEY, RequestTrace
 
@@ -108,28 +109,48 @@ CACHEROUTE_ROUTING = RoutingSettings(tokens_per_unit=DEFAULT_TOKENS_PER_LOAD_UNI
 
 class EngineLoads:
     """The rule's view of load in the replay: the router's in-flight count, each request weighing
-    `in_flight_weight`, plus the queue depth the destination reports, plus the prompt tokens in
-    flight over `tokens_per_unit` (0: none); the mean over every destination (all are ready in
+    `in_flight_weight`, plus the queue depth the destination reports, plus the prompt tokens still
+    to prefill over `tokens_per_unit` (0: none); the mean over every destination (all are ready in
     the replay)."""
 
-    __slots__ = ("_engines", "_inflight", "_per_request", "_tokens", "_unit", "_view")
+    __slots__ = ("_engines", "_inflight", "_memo", "_pending", "_per_request", "_unit", "_view")
 
     def __init__(self, view: RouterView, tokens_per_unit: float = 0.0, in_flight_weight: float = 1.0) -> None:
         self._view = view
         self._inflight = view.inflight
         self._engines = view.engines
-        self._tokens = view.inflight_tokens
+        self._pending = view.pending
         self._unit = 1.0 / tokens_per_unit if tokens_per_unit > 0 else 0.0
         self._per_request = in_flight_weight
+        # Per destination, the last count of prompt tokens still to prefill and what it was counted
+        # from: requests in flight (how many, the newest) and the queue depth. Any dispatch changes
+        # the newest, any finish the number, so an unchanged triple means an unchanged count.
+        self._memo: list[tuple[int, int, int, int]] = [(0, -1, 0, 0)] * view.n
+
+    def tokens(self, d: int, /) -> int:
+        """Prompt tokens still to prefill at `d` (`tokenload.pending_prompt_tokens`)."""
+        charges = self._pending[d]
+        if not charges:
+            return 0
+        waiting = len(self._engines[d].waiting)
+        newest = next(reversed(charges))
+        size, last, queued, total = self._memo[d]
+        if size == len(charges) and last == newest and queued == waiting:
+            return total
+        total = pending_prompt_tokens(charges, waiting)[0]
+        self._memo[d] = (len(charges), newest, waiting, total)
+        return total
 
     def load(self, d: int, /) -> float:
-        return (self._inflight[d] * self._per_request + len(self._engines[d].waiting)
-                + self._tokens[d] * self._unit)
+        load = self._inflight[d] * self._per_request + len(self._engines[d].waiting)
+        return load + self.tokens(d) * self._unit if self._unit else load
 
     def mean(self) -> float:
         view = self._view
-        queued = sum(len(e.waiting) for e in self._engines)
-        return (view.total_inflight * self._per_request + queued + view.total_inflight_tokens * self._unit) / view.n
+        load = view.total_inflight * self._per_request + sum(len(e.waiting) for e in self._engines)
+        if self._unit:
+            load += sum(self.tokens(d) for d in range(view.n)) * self._unit
+        return load / view.n
 
 
 class Planned(Policy):
@@ -166,8 +187,7 @@ class Planned(Policy):
         # Prompt tokens in flight are charged when load counts them.
         self._unit = 1.0 / r.tokens_per_unit if r.tokens_per_unit > 0 else 0.0
         self._estimator = TokenEstimator()
-        if r.tokens_per_unit > 0:
-            view.charge = [0] * len(view.trace)
+        view.charging = r.tokens_per_unit > 0
         # The router's memory of routed prefixes, sized as the router sizes it: per destination,
         # what its KV cache holds.
         self._follower: PrefixFollower | None = None
@@ -234,13 +254,13 @@ class Planned(Policy):
         view = self.view
         k = view.key[i]
         follower = self._follower
-        charge = view.charge
+        charging = view.charging
         follow = None
         gain = 0.0
         held = None
         blocks: list[int] = []
         tokens = 0
-        if follower is not None or charge is not None:
+        if follower is not None or charging:
             # What the router reads off the body: its size, and the prefixes it routed before.
             tokens = self._estimator.estimate(view.input_tokens[i] * BYTES_PER_TOKEN)
         if follower is not None:
@@ -268,10 +288,8 @@ class Planned(Policy):
         elif outcome == FOLLOWED:
             self.followed_requests += 1
         c = follower.settle(blocks, d, tokens) if follower is not None else tokens
-        if charge is not None:
-            charge[i] = c
-            view.inflight_tokens[d] += c
-            view.total_inflight_tokens += c
+        if charging:
+            view.pending[d][i] = c
         return d
 
 

@@ -25,9 +25,8 @@ from cacheroute.planner.trace import RequestTrace
 
 class RouterView:
     __slots__ = (
-        "_key_hashes", "block_size", "charge", "destination_ids", "engines", "get_blocks", "inflight",
-        "inflight_tokens", "input_tokens", "key", "profile", "req", "total_inflight", "total_inflight_tokens",
-        "trace",
+        "_key_hashes", "block_size", "charging", "destination_ids", "engines", "get_blocks", "inflight",
+        "input_tokens", "key", "pending", "profile", "req", "total_inflight", "trace",
     )
 
     def __init__(self, trace: RequestTrace, engines: Sequence[Engine], req: RequestTable, *,
@@ -45,12 +44,11 @@ class RouterView:
         self.input_tokens = req.inp
         self.get_blocks = get_blocks
         self._key_hashes: npt.NDArray[np.uint64] | None = None
-        # Token-aware load (`tokenload.py`): the prompt tokens each request was charged when it was
-        # dispatched (None: the policy does not count tokens), and the charges in flight per
-        # destination; the replay loop takes a request's charge back when it finishes.
-        self.charge: list[int] | None = None
-        self.inflight_tokens = [0] * len(self.engines)
-        self.total_inflight_tokens = 0
+        # Token-aware load (`tokenload.py`): whether the policy charges prompt tokens, and per
+        # destination the charges of its requests in flight, request -> tokens in dispatch order;
+        # the replay loop drops a request's charge when it finishes.
+        self.charging = False
+        self.pending: list[dict[int, int]] = [{} for _ in self.engines]
 
     @property
     def n(self) -> int:

@@ -142,6 +142,8 @@ def replay_trace(
     route = policy.route
     on_finish = policy.on_finish if policy.wants_finish else None
     inflight = view.inflight
+    charging = view.charging
+    pending = view.pending
     dest = req.dest
     heap: list[tuple[float, int, int]] = []
     finished: list[int] = []
@@ -168,13 +170,10 @@ def replay_trace(
                 k = len(finished)
                 inflight[e] -= k
                 view.total_inflight -= k
-                charge = view.charge
-                if charge is not None:
-                    c = 0
+                if charging:
+                    charges = pending[e]
                     for r in finished:
-                        c += charge[r]
-                    view.inflight_tokens[e] -= c
-                    view.total_inflight_tokens -= c
+                        charges.pop(r, None)
                 if on_finish is not None:
                     for r in finished:
                         on_finish(r, e, tt)

@@ -74,10 +74,13 @@ def test_guard_rejects_a_plan_that_piles_every_key_on_one_destination(workload) 
 
 def test_guard_passes_a_plan_that_spreads_keys_with_affinity(workload) -> None:
     good = _plan({k: [i % 4] for i, k in enumerate(workload.key_names)}, 4)
-    v = guard(workload, good, None, settings=GuardSettings(slo_p99_ttft_s=2.0))
+    # Routers that follow prefixes keep this workload's 200 keys about as well without a plan
+    # (86.8 % KV hit against the plan's 86.6 %): the plan is judged against plain p2c here.
+    plain = RoutingSettings()
+    v = guard(workload, good, None, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=plain)
     assert v.candidate.kv_hit > v.baseline.kv_hit
     assert v.passed, v.reason
-    again = guard(workload, good, good, settings=GuardSettings(slo_p99_ttft_s=2.0))
+    again = guard(workload, good, good, settings=GuardSettings(slo_p99_ttft_s=2.0), routing=plain)
     assert again.better_than_current
     assert again.current_holds and not again.current_reason
 
@@ -123,13 +126,19 @@ def test_guard_from_statistics_prefers_affinity_for_a_reusable_key() -> None:
     stats = KeyStats(names=names, rate=0.05 * ones, prompt_tokens=4500 * ones, prefix_tokens=2000 * ones,
                      output_tokens=50 * ones)
     good = _plan({k: [i % 4] for i, k in enumerate(names)}, 4)
-    v = guard_from_stats(stats, good, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5))
-    # The shared prefix is under half of each prompt, so without a plan no request follows it: the
-    # key's requests are scored, and load draws them apart. A quarter of the keys per destination
-    # beats that.
+    # Against plain p2c, a quarter of the keys per destination wins on KV hit and on p99 TTFT.
+    v = guard_from_stats(stats, good, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5),
+                         routing=RoutingSettings())
     assert v.candidate.kv_hit > v.baseline.kv_hit + 0.02
     assert v.candidate.ttft_p99_s < v.baseline.ttft_p99_s
     assert v.passed, v.reason
+    # CacheRoute's own routing without a plan: the shared prefix is under half of each prompt, so no
+    # request follows it and the keys' requests are scored; the plan still keeps more KV, but the
+    # routers' load-led choice serves the first token sooner, and the guard keeps it.
+    own = guard_from_stats(stats, good, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5))
+    assert own.candidate.kv_hit > own.baseline.kv_hit + 0.02
+    assert own.baseline.ttft_p99_s < v.baseline.ttft_p99_s
+    assert not own.passed and "worse than without a plan" in own.reason
 
 
 def test_the_planner_keeps_entries_where_keeping_them_is_the_gain() -> None:
@@ -148,10 +157,15 @@ def test_the_planner_keeps_entries_where_keeping_them_is_the_gain() -> None:
     fleet = [Destination(id=d, kv_capacity_tokens=DEFAULT_PROFILE.kv_capacity_tokens) for d in destination_ids(4)]
     plan = compute_plan(stats, fleet, pool="pool").plan
     assert plan.entry_credit == 1.0
-    v = guard_from_stats(stats, plan, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5))
+    # Judged against plain p2c, as above.
+    plain = RoutingSettings()
+    v = guard_from_stats(stats, plan, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5),
+                         routing=plain)
     assert v.candidate.kv_hit > v.baseline.kv_hit + 0.02
     assert v.passed, v.reason
-    # Credited as if its keys were cached anywhere, the same plan gives the gain away.
+    # Under CacheRoute's routing, which credits entries: credited as if its keys were cached
+    # anywhere, the same plan gives the gain away.
+    held = guard_from_stats(stats, plan, None, duration_s=300.0, settings=GuardSettings(slo_p99_ttft_s=3.5))
     soft = guard_from_stats(stats, replace(plan, entry_credit=0.25), None, duration_s=300.0,
                             settings=GuardSettings(slo_p99_ttft_s=3.5))
-    assert soft.candidate.kv_hit < v.candidate.kv_hit - 0.05
+    assert soft.candidate.kv_hit < held.candidate.kv_hit - 0.05

@@ -23,7 +23,7 @@ from cacheroute.planner.keyring import UNPLANNED_MODES
 from cacheroute.planner.plan import Destination, Plan, affinity_key_hash, plan_from_routes
 from cacheroute.planner.replay.engine import Engine, RequestTable
 from cacheroute.planner.replay.hardware import EngineProfile
-from cacheroute.planner.replay.planned import Planned, RoutingSettings
+from cacheroute.planner.replay.planned import EngineLoads, Planned, RoutingSettings
 from cacheroute.planner.replay.policy import RouterView
 from cacheroute.planner.replay.run import destination_ids
 from cacheroute.planner.routing import FOLLOWED, KEY_P2C, P2C, PLANNED, SCORED, SPILLED
@@ -126,9 +126,11 @@ def router_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
         endpoint = pool.by_address[d.address]
         for _ in range(flying):
             pool.acquire(endpoint)
+        # The newest charge holds the tokens still to prefill; the request it came with is not counted.
         pool.acquire(endpoint, tokens)
         pool.release(endpoint)
         pool.record_scrape(endpoint, ok=True, waiting=queued)
+    queues = list(state.waiting)
     estimator = TokenEstimator()
     out = []
     for i, (key, size) in enumerate(zip(state.requests, state.sizes, strict=True)):
@@ -137,6 +139,9 @@ def router_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
                                prompt_tokens=estimator.estimate(size * BYTES_PER_TOKEN), chain=chain_of(state, i))
         endpoint = decision.endpoints[0]
         pool.acquire(endpoint, decision.charge)
+        # The request joins the queue, and the next scrape says so.
+        queues[index[endpoint.address]] += 1
+        pool.record_scrape(endpoint, ok=True, waiting=queues[index[endpoint.address]])
         out.append((decision.outcome, index[endpoint.address]))
     return out
 
@@ -179,14 +184,19 @@ def replay_decisions(state: State, plan: Plan) -> list[tuple[str, int]]:
     policy.bind(view, state.seed)
     view.inflight[:] = state.in_flight
     view.total_inflight = sum(state.in_flight)
-    view.inflight_tokens[:] = state.in_flight_tokens
-    view.total_inflight_tokens = sum(state.in_flight_tokens)
+    # Ids below 0 are the requests in flight before: the newest charge holds the tokens.
+    for d, (flying, tokens) in enumerate(zip(state.in_flight, state.in_flight_tokens, strict=True)):
+        charges = view.pending[d]
+        for j in range(flying):
+            charges[-1 - j] = 0
+        charges[-1 - flying] = tokens
     out = []
     for i in range(len(state.requests)):
         d = policy.route(i, 0.0)
-        # What the replay's loop does after a decision.
+        # What the replay's loop does after a decision: the request joins the engine's queue.
         view.inflight[d] += 1
         view.total_inflight += 1
+        engines[d].waiting.append(i)
         # The router counts key-seeded p2c as p2c.
         out.append((P2C if policy.last_outcome == KEY_P2C else policy.last_outcome, d))
     return out
@@ -288,3 +298,44 @@ def test_a_queue_outweighs_requests_in_flight_in_both() -> None:
     assert router_decisions(whole, plan_of(whole)) == [(P2C, 1)]
     for state in (base, whole):
         assert router_decisions(state, plan_of(state)) == replay_decisions(state, plan_of(state))
+
+
+def test_a_prompt_counts_until_the_queue_says_it_is_prefilled_in_both() -> None:
+    """Of three long prompts sent to one destination, the tokens still to prefill are those of the
+    newest `waiting + 1`: all three while two wait, the newest alone once the queue is empty, and
+    a request ending after it was prefilled takes nothing more off; the router (at its scrapes) and
+    the replay count alike."""
+    pool = EndpointPool(scraping=False)
+    pool.per_token = 1 / 4096
+    pool.set_static(["10.1.0.1:8000"])
+    endpoint = pool.by_address["10.1.0.1:8000"]
+    tickets = [pool.acquire(endpoint, tokens) for tokens in (30_000, 20_000, 10_000)]
+    trace = trace_of([None] * 3, [30_000, 20_000, 10_000])
+    req = RequestTable(trace.arrival_s.tolist(), trace.input_tokens.tolist(), trace.output_tokens.tolist())
+    engines = [Engine(0, PROFILE, trace.block_size, req, lambda i: [])]
+    view = RouterView(trace, engines, req, destination_ids=destination_ids(1), profile=PROFILE,
+                      get_blocks=lambda i: [])
+    view.pending[0].update({0: 30_000, 1: 20_000, 2: 10_000})
+    view.inflight[0] = view.total_inflight = 3
+    loads = EngineLoads(view, tokens_per_unit=4096.0)
+
+    def replay_tokens(waiting: int) -> int:
+        engines[0].waiting.clear()
+        engines[0].waiting.extend(range(waiting))
+        return loads.tokens(0)
+
+    assert endpoint.in_flight_tokens == pool.tokens_ready == 60_000
+    pool.record_scrape(endpoint, ok=True, waiting=2)
+    assert endpoint.in_flight_tokens == replay_tokens(2) == 60_000
+    pool.record_scrape(endpoint, ok=True, waiting=0)
+    assert endpoint.in_flight_tokens == replay_tokens(0) == pool.tokens_ready == 10_000
+    assert pool.mean_load() == 3 + 10_000 / 4096 == loads.mean()
+    pool.release(endpoint, tickets[0])
+    del view.pending[0][0]
+    assert endpoint.in_flight_tokens == replay_tokens(0) == 10_000
+    pool.release(endpoint, tickets[2])
+    del view.pending[0][2]
+    assert endpoint.in_flight_tokens == pool.tokens_ready == 0
+    assert replay_tokens(0) == 20_000  # the replay recounts at once: the router does at its next scrape
+    pool.record_scrape(endpoint, ok=True, waiting=0)
+    assert endpoint.in_flight_tokens == 20_000
