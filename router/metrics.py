@@ -127,6 +127,11 @@ class _EndpointCollector(Collector):
         running = GaugeMetricFamily(
             f"{PREFIX}_endpoint_running", "Running requests scraped from the endpoint.", labels=labels
         )
+        pending = GaugeMetricFamily(
+            f"{PREFIX}_endpoint_pending_prompt_tokens",
+            "Estimated prompt tokens of this router's requests still to prefill there (token-aware load).",
+            labels=labels,
+        )
         ready = GaugeMetricFamily(f"{PREFIX}_endpoint_ready", "1 when the endpoint may be picked.", labels=labels)
         # A shallow copy: the event loop may add or drop endpoints while this thread reads.
         for e in list(self._pool.by_address.values()):
@@ -134,10 +139,12 @@ class _EndpointCollector(Collector):
             in_flight.add_metric(label, e.in_flight)
             waiting.add_metric(label, e.waiting)
             running.add_metric(label, e.running)
+            pending.add_metric(label, e.in_flight_tokens)
             ready.add_metric(label, 1.0 if e.ready else 0.0)
         yield in_flight
         yield waiting
         yield running
+        yield pending
         yield ready
 
 

@@ -98,6 +98,50 @@ def test_in_flight_lasts_until_the_response_ends(
     engines[1].gate.set()
 
 
+def test_a_prompt_weighs_on_the_load_until_the_queue_says_it_is_prefilled(
+    engines: list[Engine], volume: PlanVolume, start_router: RouterStarter, gateway: GatewayStarter
+) -> None:
+    volume.publish(make_plan(engines, {"alice": [1]}))
+    router = start_router("--plan-dir", str(volume.path), "--scrape-interval", "0.1")
+    gw = gateway(router, engines)
+    address = engines[1].address
+    engines[1].gate = threading.Event()
+    engines[1].waiting = 2
+
+    def pending() -> float:
+        return router.sample("cacheroute_router_endpoint_pending_prompt_tokens", endpoint=address)
+
+    # Three prompts with nothing in common, sent one after the other and held by the engine.
+    bodies = [chat(text=f"{i} " + "lorem ipsum dolor " * (400 * (i + 1))) for i in range(3)]
+    charges = [int(len(body) / 4 + 0.5) for body in bodies]  # the estimate before any response
+    results: list[int] = []
+
+    def send(body: bytes) -> None:
+        with httpx.Client(timeout=30) as client:
+            results.append(post(client, gw.url, body, key="alice").status_code)
+
+    def in_flight() -> float:
+        return router.sample("cacheroute_router_endpoint_in_flight", endpoint=address)
+
+    threads = []
+    for n, body in enumerate(bodies, 1):
+        threads.append(threading.Thread(target=send, args=(body,)))
+        threads[-1].start()
+        # Awaited before `n` moves on.
+        await_condition(lambda: in_flight() == n, f"{n} requests in flight on the planned engine")  # noqa: B023
+    # Two queued and one prefilling: all three still to prefill.
+    await_condition(lambda: pending() == sum(charges), "the three prompts counted")
+    # The queue empties: only the newest can still be prefilling.
+    engines[1].waiting = 0
+    await_condition(lambda: pending() == charges[2], "only the newest prompt counted once the queue is empty")
+    engines[1].gate.set()
+    for t in threads:
+        t.join(30)
+    assert results == [200, 200, 200]
+    await_condition(lambda: pending() == 0, "nothing left to prefill once the responses ended")
+    assert in_flight() == 0
+
+
 def test_overloaded_destination_spills(
     engines: list[Engine], volume: PlanVolume, start_router: RouterStarter, gateway: GatewayStarter
 ) -> None:
