@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,15 +27,52 @@ class StartError(RuntimeError):
     """A component failed to start or to become healthy; the message carries its log's tail."""
 
 
+# Where `free_ports` looks: the ports just below the kernel's ephemeral range, which it never
+# gives to an outgoing connection. A port from the ephemeral range (what binding port 0 returns)
+# can be taken as the local end of any connection opened before its server binds it; a suite that
+# starts hundreds of servers while scraping and proxying lost an Envoy listener that way.
+_PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_FIXED_PORTS = 8192
+_MIN_PORT = 10000
+# Ports handed out by this process, not offered twice (a server may not have bound its port yet).
+_handed_out: set[int] = set()
+
+
+def fixed_port_range() -> range:
+    """The loopback ports `free_ports` draws from (empty when the ephemeral range is unknown)."""
+    try:
+        low = int(_PORT_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    return range(max(_MIN_PORT, low - _FIXED_PORTS), low)
+
+
 def free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports that are free right now."""
+    """`count` distinct loopback ports that are free right now and that no outgoing connection
+    will take before a server binds them; from the ephemeral range only when none is left."""
     sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        if len(_handed_out) > _FIXED_PORTS // 2:
+            _handed_out.clear()
+        candidates = [p for p in fixed_port_range() if p not in _handed_out]
+        random.shuffle(candidates)
+        for port in candidates:
+            if len(sockets) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+        while len(sockets) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", 0))
             sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
+        ports = [s.getsockname()[1] for s in sockets]
+        _handed_out.update(ports)
+        return ports
     finally:
         for sock in sockets:
             sock.close()
