@@ -47,6 +47,17 @@ def fixed_port_range() -> range:
     return range(max(_MIN_PORT, low - _FIXED_PORTS), low)
 
 
+def bound_socket(port: int) -> socket.socket | None:
+    """A TCP socket bound to `port` on the loopback address (0: any), or None when it is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct loopback ports that are free right now and that no outgoing connection
     will take before a server binds them; from the ephemeral range only when none is left."""
@@ -59,16 +70,13 @@ def free_ports(count: int) -> list[int]:
         for port in candidates:
             if len(sockets) == count:
                 break
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                sock.close()
-                continue
-            sockets.append(sock)
+            sock = bound_socket(port)
+            if sock is not None:
+                sockets.append(sock)
         while len(sockets) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
+            sock = bound_socket(0)
+            if sock is None:
+                raise OSError("no loopback port is free")
             sockets.append(sock)
         ports = [s.getsockname()[1] for s in sockets]
         _handed_out.update(ports)

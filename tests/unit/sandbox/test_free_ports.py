@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from cacheroute.sandbox.process import fixed_port_range, free_ports
+from cacheroute.sandbox.process import bound_socket, fixed_port_range, free_ports
 
 
 def test_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:
@@ -26,13 +26,9 @@ def test_a_port_in_use_is_not_offered() -> None:
     busy: list[socket.socket] = []
     try:
         for port in fixed[:-3]:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                sock.close()
-                continue
-            busy.append(sock)
+            sock = bound_socket(port)
+            if sock is not None:
+                busy.append(sock)
         held = {s.getsockname()[1] for s in busy}
         ports = free_ports(5)
         assert not held & set(ports)
