@@ -129,10 +129,12 @@ class EngineLoads:
 
     def tokens(self, d: int, /) -> int:
         """Prompt tokens still to prefill at `d` (`tokenload.pending_prompt_tokens`)."""
+        return self._counted(d, len(self._engines[d].waiting))
+
+    def _counted(self, d: int, waiting: int) -> int:
         charges = self._pending[d]
         if not charges:
             return 0
-        waiting = len(self._engines[d].waiting)
         newest = next(reversed(charges))
         size, last, queued, total = self._memo[d]
         if size == len(charges) and last == newest and queued == waiting:
@@ -142,15 +144,21 @@ class EngineLoads:
         return total
 
     def load(self, d: int, /) -> float:
-        load = self._inflight[d] * self._per_request + len(self._engines[d].waiting)
-        return load + self.tokens(d) * self._unit if self._unit else load
+        waiting = len(self._engines[d].waiting)
+        load = self._inflight[d] * self._per_request + waiting
+        return load + self._counted(d, waiting) * self._unit if self._unit else load
 
     def mean(self) -> float:
         view = self._view
-        load = view.total_inflight * self._per_request + sum(len(e.waiting) for e in self._engines)
-        if self._unit:
-            load += sum(self.tokens(d) for d in range(view.n)) * self._unit
-        return load / view.n
+        queued = 0
+        tokens = 0
+        counting = bool(self._unit)
+        for d, engine in enumerate(self._engines):
+            waiting = len(engine.waiting)
+            queued += waiting
+            if counting:
+                tokens += self._counted(d, waiting)
+        return (view.total_inflight * self._per_request + queued + tokens * self._unit) / view.n
 
 
 class Planned(Policy):
@@ -184,7 +192,7 @@ class Planned(Policy):
         r = self.routing
         self._loads = EngineLoads(view, r.tokens_per_unit, r.in_flight_weight)
         self._key_candidates = ring_candidates(KeyRing(view.destination_ids), self._usable, memo=True)
-        # Prompt tokens in flight are charged when load counts them.
+        # Load units per prompt token (0: load counts requests only), for the prefix follower too.
         self._unit = 1.0 / r.tokens_per_unit if r.tokens_per_unit > 0 else 0.0
         self._estimator = TokenEstimator()
         view.charging = r.tokens_per_unit > 0
