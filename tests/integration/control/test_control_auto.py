@@ -41,7 +41,11 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: Control
     dests = env.pool(POOL)
     wait_for_window(prom, namespace, len(traffic.keys) + 2, WINDOW)
     # One period only (the first one runs at once), so the plan in the ConfigMap is that period's.
-    create_plan(kube_api, namespace, plan_manifest("llama", POOL, controlPeriod="1h", metricsWindow=f"{WINDOW}s"))
+    # The routers keep these 40 keys about as well without a plan: the guard's replays put the two
+    # within a few hundredths of a point of served KV hit, either side depending on the window's
+    # figures, so the guard lets a plan through up to a point below no plan.
+    create_plan(kube_api, namespace, plan_manifest("llama", POOL, controlPeriod="1h", metricsWindow=f"{WINDOW}s",
+                                                   guard={"minKvHitGain": -0.01}))
 
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
              timeout=90, what="Applied=True")
