@@ -19,8 +19,12 @@ Destinations are small integers (the replay's indexes), so the
 destinations a prefix went to are one bit mask.
 
 `follow_target` applies the rule of thumb of per-request cache-aware routers (Preble, SGLang):
-follow only when the remembered prefix covers more than half of the prompt, so a prefix common
-to every request (a system prompt) does not herd traffic onto one destination.
+follow only when the remembered prefix covers more than half of the prompt. `PrefixFollower` also
+asks that the destination followed hold more of the prompt than any other: a system prompt that
+has gone everywhere is no reason to send a new conversation to the last destination it went to
+(the routing rule scores every destination by what it holds instead, step 6), and following it
+would herd every new conversation that starts with a long shared system prompt onto one
+destination, up to the load bound.
 """
 
 from __future__ import annotations
@@ -200,14 +204,19 @@ class PrefixFollower:
 
     def target(self, chain: Sequence[int], prompt_tokens: int) -> tuple[int, float]:
         """(the destination to follow or -1, the load the request sheds by going there)."""
-        depth, at = self.memory.match(chain)
+        memory = self.memory
+        depth, at = memory.match(chain)
         # Only whole blocks count: a prompt shorter than one block has nothing worth following, and
         # two short prompts that happen to be equal (a greeting) must not pull keys off their plan.
-        matched = min(depth, prompt_tokens // self.block_tokens) * self.block_tokens
-        follow = follow_target(matched, prompt_tokens, at)
+        matched = min(depth, prompt_tokens // self.block_tokens)
+        follow = follow_target(matched * self.block_tokens, prompt_tokens, at)
         if follow is None:
             return -1, 0.0
-        return follow, matched * self.per_token
+        # Only a prompt worth following pays for a look at what the others hold (docstring).
+        for destination, held in memory.held_depths(chain).items():
+            if destination != follow and held >= matched:
+                return -1, 0.0
+        return follow, matched * self.block_tokens * self.per_token
 
     def held(self, chain: Sequence[int], prompt_tokens: int) -> dict[int, int]:
         """Destination -> the prompt tokens it is remembered to hold, in whole blocks of the prompt

@@ -26,7 +26,8 @@ decide through `RoutingRule.choose`, so what the replay measures is what the rou
 4. **Plain p2c** (unplanned keys with `unplanned="p2c"`, keyless requests): the less loaded of two
    distinct destinations drawn uniformly, the first drawn on a tie.
 5. **Following a prefix**: when the caller knows where the longest earlier prompt sharing most
-   of this one went (`follow`: the memory of routed prefixes, `prefixes.PrefixFollower`, kept by
+   of this one went, and that no other destination holds as much of it (`follow`: the memory of
+   routed prefixes, `prefixes.PrefixFollower`, kept by
    the router over its endpoints and by the replay over its destinations),
    the request goes there instead, as long as that destination's load is at most
    `follow_ratio x` the load of the destination steps 1-4 chose, plus `follow_slack`, plus

@@ -61,3 +61,20 @@ def test_each_destination_forgets_what_was_sent_to_it_least_recently_end_first()
     memory.forget(0)
     assert memory.match((1,)) == (0, -1)
     assert len(memory) == 4  # what destination 1 holds
+
+
+def test_a_prompt_follows_only_a_destination_holding_more_of_it_than_any_other() -> None:
+    follower = PrefixFollower(capacity=100, block_tokens=10, per_token=0.5)
+    system = (1, 2, 3, 4)  # a 40-token system prompt every conversation starts with
+    follower.settle((*system, 100), 0, 50)
+    # Only destination 0 holds it, and it is most of the next prompt: followed, shedding 40 tokens.
+    assert follower.target((*system, 200), 55) == (0, 20.0)
+    follower.settle((*system, 200), 1, 55)  # that one went elsewhere (past the load bound)
+    # Now two destinations hold it alike: no reason to send the next new one to the last of them.
+    assert follower.target((*system, 300), 55) == (-1, 0.0)
+    # A conversation's own history, held on one destination only, is still followed.
+    follower.settle((*system, 100, 101, 102), 0, 70)
+    assert follower.target((*system, 100, 101, 102, 103), 80) == (0, 35.0)
+    # Unless another destination holds as much of it.
+    follower.settle((*system, 100, 101, 102), 1, 70)
+    assert follower.target((*system, 100, 101, 102, 103), 80) == (-1, 0.0)

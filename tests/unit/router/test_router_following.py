@@ -131,6 +131,27 @@ def test_a_stuffed_destination_is_not_followed_past_the_load_bound() -> None:
     assert decision.endpoints[0] is not first
 
 
+def test_a_long_system_prompt_does_not_herd_new_conversations_once_two_endpoints_hold_it() -> None:
+    """A system prompt longer than the questions after it: following it would send every new
+    conversation to the endpoint the previous one went to, up to the load bound, then to the next.
+    Once a second endpoint holds it, it is no reason to prefer the last one: new conversations are
+    scored, and the two holders, holding it alike, share them by load."""
+    picker = following_picker(4, unplanned="key-p2c")
+    system = "You follow the house style guide. " * 600  # 20,400 characters: 19 whole blocks
+    outcomes: list[str] = []
+    went: list[Any] = []
+    for i in range(40):
+        text = prompt_text(chat(f"question {i}: " + "why? " * 40, system=system))
+        decision = picker.pick(None, prompt_tokens=len(text) // 4, chain=prefix_chain(text))
+        picker.pool.acquire(decision.endpoints[0], decision.charge)  # every request still in flight
+        outcomes.append(decision.outcome)
+        went.append(decision.endpoints[0])
+    second = next(i for i, e in enumerate(went) if e is not went[0])
+    assert "followed" not in outcomes[second + 1 :]
+    assert set(outcomes[second + 1 :]) == {"scored"}
+    assert sorted(Counter(id(e) for e in went).values()) == [20, 20]
+
+
 def test_an_unplanned_key_goes_where_part_of_its_prompt_is_held_unless_that_endpoint_is_busy() -> None:
     """Key-seeded p2c keeps a key on its two ring candidates; with prefix memory an unplanned
     request that shares less than half its prompt with an earlier one is scored instead, and the
