@@ -190,9 +190,10 @@ class PrefixFollower:
     `target` says where a prompt should follow its prefix and what it weighs less there (the
     routing rule's `follow` and `follow_gain`); `settle` records where it went and returns the
     prompt tokens that destination still has to compute (its charge under token-aware load).
+    A decision asks them in that order, `held` in between when it scores the request.
     """
 
-    __slots__ = ("block_tokens", "memory", "per_token")
+    __slots__ = ("_walked", "block_tokens", "memory", "per_token")
 
     def __init__(self, capacity: int, block_tokens: int, per_token: float) -> None:
         if block_tokens < 1:
@@ -201,9 +202,13 @@ class PrefixFollower:
         self.block_tokens = block_tokens
         # Load units per prompt token (0: load counts requests only).
         self.per_token = per_token
+        # The chain `target` last declined and what every destination holds of it: `held` and
+        # `settle` of the same decision read it instead of walking the chain again.
+        self._walked: tuple[Sequence[int], dict[int, int]] | None = None
 
     def target(self, chain: Sequence[int], prompt_tokens: int) -> tuple[int, float]:
         """(the destination to follow or -1, the load the request sheds by going there)."""
+        self._walked = None
         memory = self.memory
         depth, at = memory.match(chain)
         # Only whole blocks count: a prompt shorter than one block has nothing worth following, and
@@ -213,8 +218,10 @@ class PrefixFollower:
         if follow is None:
             return -1, 0.0
         # Only a prompt worth following pays for a look at what the others hold (docstring).
-        for destination, held in memory.held_depths(chain).items():
+        depths = memory.held_depths(chain)
+        for destination, held in depths.items():
             if destination != follow and held >= matched:
+                self._walked = (chain, depths)
                 return -1, 0.0
         return follow, matched * self.block_tokens * self.per_token
 
@@ -225,11 +232,21 @@ class PrefixFollower:
         whole = prompt_tokens // size
         if not whole:
             return {}
-        return {d: min(depth, whole) * size for d, depth in self.memory.held_depths(chain).items()}
+        return {d: min(depth, whole) * size for d, depth in self._depths(chain).items()}
 
     def settle(self, chain: Sequence[int], destination: int, prompt_tokens: int) -> int:
         """Record the decision; the prompt tokens `destination` is expected to compute."""
-        memory = self.memory
-        held = memory.held_by(chain, destination) * self.block_tokens
-        memory.record(chain, destination)
-        return uncached_tokens(prompt_tokens, held)
+        walked = self._walked
+        if walked is not None and walked[0] is chain:
+            held = walked[1].get(destination, 0)
+        else:
+            held = self.memory.held_by(chain, destination)
+        self._walked = None
+        self.memory.record(chain, destination)
+        return uncached_tokens(prompt_tokens, held * self.block_tokens)
+
+    def _depths(self, chain: Sequence[int]) -> dict[int, int]:
+        walked = self._walked
+        if walked is not None and walked[0] is chain:
+            return walked[1]
+        return self.memory.held_depths(chain)
