@@ -8,7 +8,7 @@ or, from the per-key statistics the operator reads from Prometheus:
     verdict = guard_from_stats(key_stats, candidate_plan, current_plan, duration_s=300)
 
 and, inside a replay, `CacheRoute(guard=ReplayGuard())` judges every candidate plan on the
-traffic of the last `window_s` before routing by it.
+traffic of the last `window_s` (more while that is thin) before routing by it.
 
 The baseline is what the router does without a plan: key-seeded p2c for every key (following
 routed prefixes when the routing does), the best per-request behaviour the router has. The
@@ -224,7 +224,12 @@ def guard_from_stats(
 def replay_duration(stats: KeyStats, duration_s: float, s: GuardSettings) -> float:
     """`duration_s`, lengthened (up to `s.max_duration_s`) until the measured part of a window
     synthesised from `stats` is expected to hold `s.min_measured_requests`."""
-    rate = stats.total_rate
+    return lengthened(duration_s, stats.total_rate, s)
+
+
+def lengthened(duration_s: float, rate: float, s: GuardSettings) -> float:
+    """`duration_s`, lengthened (up to `s.max_duration_s`) until `rate` requests a second put
+    `s.min_measured_requests` in a window's measured part."""
     if not rate > 0:
         return duration_s
     wanted = s.min_measured_requests / (rate * (1.0 - s.warmup_fraction))
@@ -261,17 +266,31 @@ def median_metrics(replays: Sequence[ReplayMetrics]) -> ReplayMetrics:
 class ReplayGuard:
     """The guard as a replayed CacheRoute runs it at every re-plan (a `planned.PlanGuard`).
 
-    The candidate and the plan in effect are replayed against no plan on the last
-    `settings.window_s` of traffic before `now`: (the candidate passes, the plan in effect holds).
-    With almost no recent traffic there is nothing to judge: both stand.
+    The candidate and the plan in effect are replayed against no plan on the traffic before `now`
+    (`recent_window`): (the candidate passes, the plan in effect holds). With almost no recent
+    traffic there is nothing to judge: both stand.
     """
 
     settings: GuardSettings = GuardSettings()
 
     def __call__(self, trace: RequestTrace, now: float, candidate: Plan, profile: EngineProfile, seed: int, *,
                  routing: RoutingSettings = CACHEROUTE_ROUTING, current: Plan | None = None) -> tuple[bool, bool]:
-        recent = trace.window(max(now - self.settings.window_s, float(trace.arrival_s[0])), now)
+        recent = self.recent_window(trace, now)
         if len(recent) < 2:
             return True, True
         v = guard(recent, candidate, current, profile=profile, settings=self.settings, seed=seed, routing=routing)
         return v.passed, v.current_holds
+
+    def recent_window(self, trace: RequestTrace, now: float) -> RequestTrace:
+        """The last `settings.window_s` of `trace` before `now`, reaching further back while it is
+        thin, as the operator's guard lengthens a thin synthesised window (`replay_duration`): a p99
+        over the ~180 measured requests of two minutes at 3 requests a second is set by two of them,
+        and passed plans that cost 6 % of capacity over the whole trace (docs/capacity.md)."""
+        s, first = self.settings, float(trace.arrival_s[0])
+        start = max(now - s.window_s, first)
+        recent = trace.window(start, now)
+        span = now - start
+        if span <= 0:
+            return recent
+        length = lengthened(s.window_s, len(recent) / span, s)
+        return trace.window(max(now - length, first), now) if length > s.window_s else recent

@@ -12,6 +12,7 @@ from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
 from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
 from cacheroute.planner.replay.guard import (
     GuardSettings,
+    ReplayGuard,
     close_to_a_limit,
     guard_from_stats,
     judge,
@@ -20,6 +21,7 @@ from cacheroute.planner.replay.guard import (
 )
 from cacheroute.planner.replay.metrics import ReplayMetrics
 from cacheroute.planner.replay.run import destination_ids
+from tests.unit.replay.conftest import TraceBuilder
 
 
 def _stats(rate_per_key: float, keys: int = 40) -> KeyStats:
@@ -51,6 +53,26 @@ def test_a_thin_window_is_lengthened_until_its_measured_half_holds_enough_reques
     assert replay_duration(_stats(0.001), 120.0, s) == 1800.0
     # A longer asked duration is never shortened.
     assert replay_duration(_stats(0.1), 3000.0, s) == 3000.0
+
+
+def test_a_replay_guard_reaches_back_for_enough_requests_when_recent_traffic_is_thin(
+    make_trace: TraceBuilder,
+) -> None:
+    s = GuardSettings(window_s=120.0, min_measured_requests=300, max_duration_s=1800.0, warmup_fraction=0.5)
+    # One request a second for an hour, then ten a second for the last two minutes.
+    arrivals = [*np.arange(0.0, 3600.0, 1.0), *np.arange(3600.0, 3720.0, 0.1)]
+    trace = make_trace([(float(t), "k", 10, 1, [1]) for t in arrivals])
+    guard = ReplayGuard(s)
+    # At one a second, 600 requests (300 measured) take ten minutes: the window reaches back that far.
+    thin = guard.recent_window(trace, 3000.0)
+    assert len(thin) == 600 and float(thin.arrival_s[0]) == 2400.0
+    # Ten a second fill two minutes with 1,200: no further back than `window_s`.
+    busy = guard.recent_window(trace, 3720.0)
+    assert len(busy) == 1200 and float(busy.arrival_s[0]) == pytest.approx(3600.0)
+    # A trickle stops at the cap; the start of the trace bounds any window.
+    trickle = ReplayGuard(replace(s, min_measured_requests=10_000)).recent_window(trace, 3000.0)
+    assert float(trickle.arrival_s[0]) == 1200.0
+    assert float(guard.recent_window(trace, 100.0).arrival_s[0]) == 0.0
 
 
 def test_the_replayed_window_is_as_long_as_the_rule_says() -> None:
