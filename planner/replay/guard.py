@@ -284,8 +284,8 @@ class ReplayGuard:
     def recent_window(self, trace: RequestTrace, now: float) -> RequestTrace:
         """The last `settings.window_s` of `trace` before `now`, reaching further back while it is
         thin, as the operator's guard lengthens a thin synthesised window (`replay_duration`): a p99
-        over the ~180 measured requests of two minutes at 3 requests a second is set by two of them,
-        and passed plans that cost 6 % of capacity over the whole trace (docs/capacity.md)."""
+        over the 170 measured requests of two minutes at under 3 requests a second is set by two of
+        them, and let through plans that cost capacity over the whole trace (docs/capacity.md)."""
         s, first = self.settings, float(trace.arrival_s[0])
         start = max(now - s.window_s, first)
         recent = trace.window(start, now)
