@@ -13,6 +13,7 @@ from cacheroute.planner.plan import KeyExtraction, affinity_key_hash
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget, Stability
 from tests.support.control import (
+    GUARD_THROUGH_TIES,
     ControlEnv,
     condition,
     create_plan,
@@ -41,11 +42,8 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: Control
     dests = env.pool(POOL)
     wait_for_window(prom, namespace, len(traffic.keys) + 2, WINDOW)
     # One period only (the first one runs at once), so the plan in the ConfigMap is that period's.
-    # The routers keep these 40 keys about as well without a plan: the guard's replays put the two
-    # within a few hundredths of a point of served KV hit, either side depending on the window's
-    # figures, so the guard lets a plan through up to a point below no plan.
     create_plan(kube_api, namespace, plan_manifest("llama", POOL, controlPeriod="1h", metricsWindow=f"{WINDOW}s",
-                                                   guard={"minKvHitGain": -0.01}))
+                                                   guard=GUARD_THROUGH_TIES))
 
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
              timeout=90, what="Applied=True")

@@ -8,6 +8,7 @@ from kubernetes import client
 
 from cacheroute.planner.plan import affinity_key_hash
 from tests.support.control import (
+    GUARD_THROUGH_TIES,
     ControlEnv,
     condition,
     create_plan,
@@ -39,11 +40,8 @@ def test_shadow_fills_status_and_never_writes_the_configmap(env: ControlEnv) -> 
              what="the pool's empty plan")
     before = core.read_namespaced_config_map("qwen-plan", namespace).metadata.resource_version
     wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
-    # The routers keep these 30 keys about as well without a plan (85.2 % served KV hit either way
-    # in the guard's replay, either side by hundredths of a point with the window's figures), so the
-    # guard lets a plan through up to a point below no plan: what Shadow says it would apply.
     create_plan(kube_api, namespace, plan_manifest("qwen", "qwen", mode="Shadow", controlPeriod="2s",
-                                                    metricsWindow=f"{WINDOW}s", guard={"minKvHitGain": -0.01}))
+                                                    metricsWindow=f"{WINDOW}s", guard=GUARD_THROUGH_TIES))
 
     wait_for(lambda: condition(get_plan(kube_api, namespace, "qwen"), "Applied").get("reason") == "ShadowMode",
              timeout=90, what="a Shadow period")

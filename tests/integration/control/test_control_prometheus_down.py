@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.support.control import (
+    GUARD_THROUGH_TIES,
     ControlEnv,
     DedicatedPrometheus,
     condition,
@@ -55,11 +56,9 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
     env.operator()  # no default Prometheus: the AffinityPlan names its own
     env.pool("llama")
     wait_for_window(prom.url, namespace, len(traffic.keys) + 2, WINDOW)
-    # The guard lets a plan through up to a point below no plan: the routers keep these 30 keys
-    # about as well without one, and the first period after Prometheus is back must apply.
     create_plan(kube_api, namespace, plan_manifest(
         "llama", "llama", controlPeriod=f"{PERIOD}s", metricsWindow=f"{WINDOW}s",
-        prometheus={"url": prom.url, "timeout": "1s"}, guard={"minKvHitGain": -0.01},
+        prometheus={"url": prom.url, "timeout": "1s"}, guard=GUARD_THROUGH_TIES,
     ))
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
              timeout=90, what="a first plan applied")

@@ -14,6 +14,7 @@ from cacheroute.planner.plan import KeyExtraction, Plan
 from cacheroute.planner.planning import compute_plan
 from cacheroute.planner.settings import Budget, Stability
 from tests.support.control import (
+    GUARD_THROUGH_TIES,
     ControlEnv,
     KeyLoad,
     Traffic,
@@ -50,12 +51,9 @@ def test_restarted_operator_replans_from_the_published_plan(env: ControlEnv) -> 
     first = env.operator(prometheus_url=prom)
     dests = env.pool("llama")
     wait_for_window(prom, namespace, len(before.keys) + 2, WINDOW)
-    # The guard lets a plan through up to a point below no plan: the routers keep these 40 keys
-    # about as well without one, and which side of the tie the replay falls on would decide the
-    # one period after the restart this test reads.
     create_plan(kube_api, namespace, plan_manifest(
         "llama", "llama", controlPeriod="4s", metricsWindow=f"{WINDOW}s", stability={"maxChurn": MAX_CHURN},
-        guard={"minKvHitGain": -0.01},
+        guard=GUARD_THROUGH_TIES,
     ))
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "PlanApplied",
              timeout=90, what="a first plan applied")
