@@ -46,7 +46,7 @@ crds: $(STAMP)
 chart: crds
 	$(VENV)/bin/cacheroute chart --out helm/cacheroute --install-doc docs/install.md
 
-## The capacity benches replay the first 15 minutes of the generated workloads (about 40 minutes in
+## The capacity benches replay the first 15 minutes of the generated workloads (about 80 minutes in
 ## all on two cores); `make bench REPLAY_SPAN=` replays the whole hour (several hours).
 REPLAY_SPAN ?= --quick
 bench: $(STAMP) sandbox-deps
