@@ -17,6 +17,7 @@ from cacheroute.planner.replay.run import ReplayConfig, replay_trace
 from cacheroute.planner.trace import RequestTrace
 
 DEFAULT_SLO_P99_TTFT_S = 3.5
+DEFAULT_REL_TOL = 0.03
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def find_capacity(
     *,
     slo_p99_ttft_s: float = DEFAULT_SLO_P99_TTFT_S,
     start_qps: float | None = None,
-    rel_tol: float = 0.03,
+    rel_tol: float = DEFAULT_REL_TOL,
     max_probes: int = 20,
     min_qps: float = 0.01,
     on_probe: Callable[[Probe], None] | None = None,

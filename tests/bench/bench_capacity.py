@@ -72,7 +72,7 @@ from cacheroute.planner.replay.bound import (
     routed_lru_hit,
     unified_lru_hit,
 )
-from cacheroute.planner.replay.capacity import CapacityResult, base_qps, find_capacity, replay_at
+from cacheroute.planner.replay.capacity import DEFAULT_REL_TOL, CapacityResult, base_qps, find_capacity, replay_at
 from cacheroute.planner.replay.hardware import (
     H100_80GB_GIB,
     H100_LLAMA33_70B_FP8_TP2,
@@ -105,9 +105,6 @@ PER_REQUEST = ("p2c", "key-p2c", "least-loaded", "chwbl", "prefix-tree", "gie-pr
 ORACLE_SCRATCH = (3, 6, 10)
 SECTIONS = ("paper", "ablation", "product", "mnbt", "bound", "traces", "low-reuse", "heldout")
 HELDOUT_SEEDS = tuple(range(1, 13))
-# 3 %: every figure before `--rel-tol` was measured so; a ratio within a step of its target is
-# unresolved at it (`docs/capacity.md` section 14).
-DEFAULT_REL_TOL = 0.03
 
 
 def log(msg: str) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cacheroute.planner.replay.capacity import DEFAULT_REL_TOL
 from tests.bench import bench_capacity
 
 
@@ -25,4 +26,4 @@ def test_bad_setting_exits_2_naming_it(argv: list[str], message: str, capsys: py
 
 
 def test_rel_tol_defaults_to_the_documented_step() -> None:
-    assert bench_capacity.rel_tol() == bench_capacity.DEFAULT_REL_TOL == 0.03
+    assert bench_capacity.rel_tol() == DEFAULT_REL_TOL == 0.03
