@@ -2,10 +2,11 @@
 from, and the whole product against a default vLLM deployment.
 
 Run: `.venv/bin/python -m tests.bench.bench_capacity [--quick] [--jobs N] [--only a,b] [--rel-tol F]`
-(writes bench-results/capacity.json). Capacity is the highest QPS with p99 TTFT within the SLO
-(bisection on the time-scaled trace, `replay/capacity.py`, to within `--rel-tol`, 3 % unless
-told: a ratio closer than that to its target is not resolved, so pass 0.01 to decide one); every
-ratio compares policies measured in the same run.
+(writes bench-results/capacity.json after every section, and its figures `capacity.png` and
+`capacity_probes.png` beside it, `capacity_plots.py`). Capacity is the highest QPS with p99 TTFT
+within the SLO (bisection on the time-scaled trace, `replay/capacity.py`, to within `--rel-tol`,
+3 % unless told: a ratio closer than that to its target is not resolved, so pass 0.01 to decide
+one); every ratio compares policies measured in the same run.
 
 1. `paper`: the `cacheroute-paper` workload, 30 destinations, p99 TTFT <= 3.5 s, the same engine
    for every policy (the replay's default profile: Llama-3.3-70B FP8, TP=2, bf16 KV, no host
@@ -59,6 +60,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from cacheroute.operator.files import OutputPathError, check_output_file
 from cacheroute.planner.memory import plan_memory
 from cacheroute.planner.memory.architecture import preset
 from cacheroute.planner.memory.gpus import GIB, H100_80GB
@@ -238,7 +240,7 @@ def bench_paper(trace: RequestTrace) -> dict[str, Any]:
     r = ratio(res["cacheroute"]["capacity_qps"], res[best]["capacity_qps"])
     log(f"    CacheRoute / best per-request ({best}) = {r:.3f} (target 1.3); with its guard "
         f"{ratio(res['cacheroute-guard']['capacity_qps'], res[best]['capacity_qps']):.3f}")
-    return {"engine": engine.name, "policies": res, "check": check(r, 1.3, baseline=best)}
+    return {"engine": engine.name, "slo_p99_ttft_s": SLO, "policies": res, "check": check(r, 1.3, baseline=best)}
 
 
 def bench_ablation(trace: RequestTrace) -> dict[str, Any]:
@@ -476,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"bench_capacity: {problem}", file=sys.stderr)
         return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        check_output_file(args.out, "--out")
+    except OutputPathError as exc:
+        print(f"bench_capacity: {exc}", file=sys.stderr)
+        return 2
     _SHARED.update(jobs=args.jobs, rel_tol=args.rel_tol)
     report: dict[str, Any] = {"bench": "capacity", "quick": args.quick, "jobs": args.jobs, "rel_tol": args.rel_tol,
                               "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
@@ -501,14 +509,23 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "low-reuse":
             report["low_reuse"] = bench_low_reuse(workload("low-reuse", args.quick))
         report.setdefault("section_wall_s", {})[name] = time.perf_counter() - t0
-    if paper is not None:
-        report["paper_requests"] = len(paper)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(clean(report), indent=2) + "\n")
-    tmp.replace(args.out)
-    log(f"wrote {args.out}")
+        if paper is not None:
+            report["paper_requests"] = len(paper)
+        # After every section, so that an interrupted run keeps what it finished.
+        write_report(report, args.out)
     return 0
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """The JSON report and its figures (`capacity_plots.py`), each replaced whole."""
+    from tests.bench.capacity_plots import write_figures
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(clean(report), indent=2) + "\n")
+    tmp.replace(out)
+    figures = write_figures(clean(report), out.parent, out.stem)
+    log(f"wrote {', '.join(str(p) for p in (out, *figures))}")
 
 
 if __name__ == "__main__":

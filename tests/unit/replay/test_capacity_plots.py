@@ -1,0 +1,91 @@
+"""The capacity bench's figures: drawn from whatever sections a report holds, ratios taken against
+the best per-request router, and a clear refusal of a file that is not a report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bench import bench_capacity, capacity_plots
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def row(qps: float, policy: str, engine: str = "gpu") -> dict[str, Any]:
+    probes = [[qps * 0.9, 1.0, True], [qps, 3.0, True], [qps * 1.05, None, False]]
+    return {"policy": policy, "engine": engine, "capacity_qps": qps, "kv_hit": 0.6, "probes": probes}
+
+
+def workload(**capacity: float) -> dict[str, Any]:
+    return {"policies": {label.replace("_", "-"): row(q, label.replace("_", "-")) for label, q in capacity.items()}}
+
+
+def report() -> dict[str, Any]:
+    paper = workload(p2c=100.0, key_p2c=110.0, preble=120.0, cacheroute=126.0, cacheroute_guard=126.0)
+    paper.update(slo_p99_ttft_s=3.5, check={"value": 1.05, "target": 1.3, "baseline": "preble"})
+    product = {"policies": {"vLLM defaults + p2c": row(100.0, "p2c", "vllm-default"),
+                            "operator + CacheRoute": row(230.0, "cacheroute", "operator")},
+               "check": {"value": 2.3, "target": 2.3}, "ideal_cache_ceiling": {"capacity_qps": 240.0, "ratio": 2.4}}
+    return {
+        "bench": "capacity", "quick": True, "rel_tol": 0.03, "started": "2026-12-04T00:00:00Z",
+        "paper": paper, "product": product,
+        "traces": {"mooncake_arxiv_trace_first1000.jsonl": workload(p2c=4.0, gie_prefix=5.0, cacheroute=5.5,
+                                                                    cacheroute_guard=5.0, cacheroute_noscore=9.0)},
+        "low_reuse": workload(p2c=36.0, key_p2c=40.0, cacheroute=38.0),
+    }
+
+
+def test_ratios_are_against_the_best_per_request_router_only() -> None:
+    ratios = capacity_plots.workload_ratios(report())
+    # CacheRoute's own variants (noscore at 9.0) are not baselines; gie-prefix (5.0) is the best.
+    assert ratios[0] == pytest.approx(("arxiv", 1.1, 1.0))
+    # key-seeded p2c, not plain p2c, is the bar on low-reuse; no guarded run, no guarded ratio.
+    name, ratio, guarded = ratios[1]
+    assert (name, guarded) == ("low-reuse", None)
+    assert ratio == pytest.approx(0.95)
+
+
+def test_cli_draws_both_figures_beside_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run-1.json"
+    path.write_text(json.dumps(report()))
+    assert capacity_plots.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    for name in ("run-1.png", "run-1_probes.png"):
+        assert (tmp_path / name).read_bytes().startswith(PNG)
+        assert f"wrote {tmp_path / name}" in out
+
+
+def test_a_report_without_the_paper_workload_gets_no_probe_figure(tmp_path: Path) -> None:
+    partial = report()
+    del partial["paper"], partial["product"]
+    written = capacity_plots.write_figures(partial, tmp_path / "figures", "capacity")
+    assert [p.name for p in written] == ["capacity.png"]
+    assert written[0].read_bytes().startswith(PNG)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such report"),
+        ("{not json", "not a JSON report"),
+        (json.dumps({"bench": "replay"}), "not a capacity bench report"),
+        (json.dumps({"bench": "capacity", "started": "x"}), "holds no section to draw"),
+        (json.dumps({"bench": "capacity", "paper": {"policies": {"p2c": {"policy": "p2c"}}}}), "lacks 'capacity_qps'"),
+    ],
+)
+def test_what_cannot_be_drawn_exits_2_saying_why(content: str | None, message: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "capacity.json"
+    if content is not None:
+        path.write_text(content)
+    assert capacity_plots.main([str(path), "--out-dir", str(tmp_path / "figures")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_refuses_an_output_it_cannot_write_before_replaying(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_capacity.main(["--out", str(tmp_path), "--only", "paper"]) == 2
+    assert "is a directory" in capsys.readouterr().err
