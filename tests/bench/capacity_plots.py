@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cacheroute.operator.files import write_with
+from cacheroute.operator.files import OutputPathError, check_output_dir, write_with
 from tests.bench.bench_capacity import PER_REQUEST
 
 REPORT = Path("bench-results") / "capacity.json"
@@ -274,11 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("report", nargs="?", type=Path, default=REPORT, help=f"the bench's JSON report (default {REPORT})")
     ap.add_argument("--out-dir", type=Path, help="where the figures go (default: the report's folder)")
     args = ap.parse_args(argv)
+    out_dir = args.out_dir or args.report.parent
     try:
+        check_output_dir(out_dir, "--out-dir")
         report = load_report(args.report)
-        written = write_figures(report, args.out_dir or args.report.parent, args.report.stem)
-    except (ReportError, KeyError, TypeError) as exc:
-        problem = exc if isinstance(exc, ReportError) else f"{args.report}: a section lacks {exc}"
+        written = write_figures(report, out_dir, args.report.stem)
+    except (ReportError, OutputPathError, KeyError, TypeError) as exc:
+        problem = f"{args.report}: a section lacks {exc}" if isinstance(exc, KeyError | TypeError) else exc
         print(f"capacity_plots: {problem}", file=sys.stderr)
         return 2
     if not written:

@@ -85,6 +85,13 @@ def test_what_cannot_be_drawn_exits_2_saying_why(content: str | None, message: s
     assert message in capsys.readouterr().err
 
 
+def test_an_output_folder_that_is_a_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "capacity.json"
+    path.write_text(json.dumps(report()))
+    assert capacity_plots.main([str(path), "--out-dir", str(path)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
 def test_bench_refuses_an_output_it_cannot_write_before_replaying(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_capacity.main(["--out", str(tmp_path), "--only", "paper"]) == 2
