@@ -92,7 +92,7 @@ def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], colors: Seque
     top = max(values) if values else 1.0
     for i, (v, note) in enumerate(zip(values, notes, strict=True)):
         ax.text(v + top * 0.01, i, note, va="center", fontsize=7)
-    ax.set_xlim(0, top * 1.45)
+    ax.set_xlim(0, (top or 1.0) * 1.45)
     ax.set_xlabel("capacity (QPS at p99 TTFT within the SLO)")
     ax.grid(axis="x", alpha=0.3)
 
@@ -228,10 +228,11 @@ def probes_figure(paper: dict[str, Any]) -> Any:
     # From the lowest rate tried to a little past the highest capacity: the probes that decided
     # each capacity, not the first coarse doublings far beyond it.
     rates = [q for row in paper["policies"].values() for q, _p, _ok in row["probes"]]
-    top = max(row["capacity_qps"] for row in paper["policies"].values())
-    lo, hi = min(rates) * 0.98, top * 1.08
-    ax.set_xlim(lo, hi)
+    if rates:
+        top = max(row["capacity_qps"] for row in paper["policies"].values())
+        ax.set_xlim(min(rates) * 0.98, max(top, min(rates)) * 1.08)
     if overloaded:
+        lo, hi = ax.get_xlim()
         # Drawn along the top edge: their p99 is beyond any finite scale.
         shown = [(q, c) for q, c in overloaded if lo <= q <= hi]
         ax.scatter([q for q, _c in shown], [0.97] * len(shown), c=[c for _q, c in shown], marker="x", s=18,

@@ -66,6 +66,19 @@ def test_a_report_without_the_paper_workload_gets_no_probe_figure(tmp_path: Path
     assert written[0].read_bytes().startswith(PNG)
 
 
+def test_a_policy_that_never_kept_its_slo_is_still_drawn(tmp_path: Path) -> None:
+    overloaded = report()
+    for policy in overloaded["paper"]["policies"].values():
+        policy["capacity_qps"] = 0.0
+        policy["probes"] = [[q, None, False] for q, _p99, _ok in policy["probes"]]
+    fig = capacity_plots.probes_figure(overloaded["paper"])
+    low, high = fig.axes[0].get_xlim()
+    # The rates tried still span the axis, left to right, though no capacity was found.
+    assert low < 90.0 < high
+    written = capacity_plots.write_figures(overloaded, tmp_path, "capacity")
+    assert [p.name for p in written] == ["capacity.png", "capacity_probes.png"]
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
