@@ -60,7 +60,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cacheroute.operator.files import OutputPathError, check_output_file
+from cacheroute.operator.files import OutputPathError, check_output_dir, check_output_file
 from cacheroute.planner.memory import plan_memory
 from cacheroute.planner.memory.architecture import preset
 from cacheroute.planner.memory.gpus import GIB, H100_80GB
@@ -478,8 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"bench_capacity: {problem}", file=sys.stderr)
         return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        check_output_dir(args.out.parent, "--out")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         check_output_file(args.out, "--out")
     except OutputPathError as exc:
         print(f"bench_capacity: {exc}", file=sys.stderr)
@@ -524,7 +525,12 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(clean(report), indent=2) + "\n")
     tmp.replace(out)
-    figures = write_figures(clean(report), out.parent, out.stem)
+    # A figure that fails must not cost the run its remaining sections: the JSON is written.
+    try:
+        figures = write_figures(clean(report), out.parent, out.stem)
+    except Exception as exc:
+        log(f"wrote {out}; its figures failed: {exc!r} (redraw with python -m tests.bench.capacity_plots {out})")
+        return
     log(f"wrote {', '.join(str(p) for p in (out, *figures))}")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from cacheroute.operator.files import OutputPathError, check_output_dir, write_with
 from tests.bench.bench_capacity import PER_REQUEST
+from tests.bench.bench_capacity import SLO as PAPER_SLO
 
 REPORT = Path("bench-results") / "capacity.json"
 OURS = "tab:blue"
@@ -91,15 +92,22 @@ def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], colors: Seque
     ax.invert_yaxis()
     top = max(values) if values else 1.0
     for i, (v, note) in enumerate(zip(values, notes, strict=True)):
-        ax.text(v + top * 0.01, i, note, va="center", fontsize=7)
+        # On a white ground: a target or ceiling line through the figures leaves them readable.
+        ax.text(v + top * 0.01, i, note, va="center", fontsize=7, zorder=3,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
     ax.set_xlim(0, (top or 1.0) * 1.45)
     ax.set_xlabel("capacity (QPS at p99 TTFT within the SLO)")
     ax.grid(axis="x", alpha=0.3)
 
 
 def _legend_below(ax: Any) -> None:
-    # Below the axes: every bar's figures stay readable.
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7, frameon=False)
+    # Below the axes, one entry a line: every bar's figures stay readable, no entry is cut off.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1, fontsize=7, frameon=False)
+
+
+def _times(ratio: object, digits: int = 3) -> str:
+    """A ratio as `1.026x`; `n/a` where the report has none (a baseline of 0 QPS gives no ratio)."""
+    return f"{ratio:.{digits}f}x" if isinstance(ratio, int | float) and math.isfinite(ratio) else "n/a"
 
 
 def _hit(row: dict[str, Any]) -> str:
@@ -118,7 +126,7 @@ def draw_paper(ax: Any, paper: dict[str, Any]) -> None:
         goal = chk["target"] * rows[base]["capacity_qps"]
         ax.axvline(goal, color="tab:red", ls="--", lw=1, label=f"target {chk['target']}x {base}")
         _legend_below(ax)
-    ax.set_title(f"cacheroute-paper, one engine: CacheRoute {chk.get('value', math.nan):.3f}x the best "
+    ax.set_title(f"cacheroute-paper, one engine: CacheRoute {_times(chk.get('value'))} the best "
                  "per-request router", fontsize=9)
 
 
@@ -131,7 +139,7 @@ def draw_ablation(ax: Any, ablation: dict[str, Any]) -> None:
         tiered = rows[n]["engine"] == host
         colors.append((HOST_TIER if tiered else OURS) if rows[n]["policy"].startswith("cacheroute") else BASELINE)
     ratios = ablation.get("ratio_vs_neither", {})
-    notes = [f"{_hit(rows[n])}  {ratios[n]:.2f}x" if n in ratios else _hit(rows[n]) for n in labels]
+    notes = [f"{_hit(rows[n])}  {_times(ratios.get(n), 2)}" for n in labels]
     _bars(ax, labels, [rows[n]["capacity_qps"] for n in labels], colors, notes)
     ax.set_title("where the gain comes from (cyan: with the host-memory KV tier)", fontsize=9)
 
@@ -149,10 +157,10 @@ def draw_product(ax: Any, product: dict[str, Any]) -> None:
     ceiling = product.get("ideal_cache_ceiling")
     if ceiling:
         ax.axvline(ceiling["capacity_qps"], color="black", ls=":", lw=1,
-                   label=f"any router, one ideal cache: {ceiling['ratio']:.3f}x")
+                   label=f"any router, one ideal cache: {_times(ceiling.get('ratio'))}")
     if ax.get_legend_handles_labels()[0]:
         _legend_below(ax)
-    ax.set_title(f"the whole product against vLLM's defaults: {chk.get('value', math.nan):.3f}x", fontsize=9)
+    ax.set_title(f"the whole product against vLLM's defaults: {_times(chk.get('value'))}", fontsize=9)
 
 
 def draw_ratios(ax: Any, ratios: list[tuple[str, float, float | None]]) -> None:
@@ -194,9 +202,9 @@ def summary_figure(report: dict[str, Any]) -> Any | None:
     for ax in flat[len(panels):]:
         ax.set_visible(False)
     step = report.get("rel_tol")
-    fig.suptitle(f"capacity bench{' (first 15 minutes)' if report.get('quick') else ''}, bisection step "
-                 f"{step:.0%}, started {report.get('started', '?')}" if isinstance(step, float) else "capacity bench",
-                 fontsize=10)
+    fig.suptitle(f"capacity bench{' (first 15 minutes)' if report.get('quick') else ''}"
+                 + (f", bisection step {step * 100:g} %" if isinstance(step, float) else "")
+                 + f", started {report.get('started', '?')}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -221,7 +229,8 @@ def probes_figure(paper: dict[str, Any]) -> Any:
         ax.plot([q for q, _p in points], [p for _q, p in points], "-o", ms=3, lw=1.2 if is_ours(label) else 0.8,
                 color=color, label=f"{label}: {row['capacity_qps']:.1f} QPS")
         ax.axvline(row["capacity_qps"], color=color, lw=0.5, alpha=0.5)
-    slo = paper.get("slo_p99_ttft_s")
+    # Reports written before the section recorded its SLO ran under the bench's fixed one.
+    slo = paper.get("slo_p99_ttft_s", PAPER_SLO)
     if isinstance(slo, int | float):
         ax.axhline(slo, color="tab:red", ls="--", lw=1, label=f"SLO p99 TTFT {slo:g} s")
     ax.set_yscale("log")
@@ -259,14 +268,18 @@ def write_figures(report: dict[str, Any], out_dir: Path, stem: str) -> list[Path
     """Draw what the report holds into `out_dir` as `<stem>.png` and `<stem>_probes.png`; the
     paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    summary, probes = out_dir / f"{stem}.png", out_dir / f"{stem}_probes.png"
+    # A figure this report does not hold must not stay from an earlier report of the same name.
+    for path in (summary, probes):
+        path.unlink(missing_ok=True)
     written: list[Path] = []
     fig = summary_figure(report)
     if fig is not None:
-        written.append(out_dir / f"{stem}.png")
-        _save(fig, written[-1])
+        _save(fig, summary)
+        written.append(summary)
     if "paper" in report:
-        written.append(out_dir / f"{stem}_probes.png")
-        _save(probes_figure(report["paper"]), written[-1])
+        _save(probes_figure(report["paper"]), probes)
+        written.append(probes)
     return written
 
 

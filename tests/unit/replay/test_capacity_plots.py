@@ -79,6 +79,38 @@ def test_a_policy_that_never_kept_its_slo_is_still_drawn(tmp_path: Path) -> None
     assert [p.name for p in written] == ["capacity.png", "capacity_probes.png"]
 
 
+def test_a_baseline_of_0_qps_reads_n_a_instead_of_failing(tmp_path: Path) -> None:
+    zero = report()
+    for label in ("p2c", "key-p2c", "preble"):
+        zero["paper"]["policies"][label]["capacity_qps"] = 0.0
+    # A ratio over 0 QPS is NaN, which the bench's JSON holds as null.
+    zero["paper"]["check"]["value"] = None
+    zero["ablation"] = {"engines": {"host": "host"},
+                        "policies": {"neither": row(0.0, "cacheroute-before"), "all three": row(250.0, "cacheroute",
+                                                                                                  "host")},
+                        "ratio_vs_neither": {"neither": None, "all three": None}}
+    fig = capacity_plots.summary_figure(zero)
+    assert fig is not None
+    assert "CacheRoute n/a the best" in fig.axes[0].get_title()
+    assert any("n/a" in text.get_text() for text in fig.axes[1].texts)
+    assert capacity_plots.write_figures(zero, tmp_path, "capacity")[0].read_bytes().startswith(PNG)
+
+
+def test_the_paper_slo_is_drawn_for_reports_that_did_not_record_it() -> None:
+    paper = report()["paper"]
+    del paper["slo_p99_ttft_s"]
+    lines = capacity_plots.probes_figure(paper).axes[0].get_lines()
+    assert any(list(line.get_ydata()) == [bench_capacity.SLO] * 2 for line in lines)
+
+
+def test_a_smaller_report_of_the_same_name_leaves_no_stale_figure(tmp_path: Path) -> None:
+    capacity_plots.write_figures(report(), tmp_path, "capacity")
+    assert (tmp_path / "capacity_probes.png").exists()
+    traces_only = {k: v for k, v in report().items() if k not in ("paper", "product")}
+    assert capacity_plots.write_figures(traces_only, tmp_path, "capacity") == [tmp_path / "capacity.png"]
+    assert not (tmp_path / "capacity_probes.png").exists()
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -105,7 +137,10 @@ def test_an_output_folder_that_is_a_file_exits_2(tmp_path: Path, capsys: pytest.
     assert "is a file, not a folder" in capsys.readouterr().err
 
 
-def test_bench_refuses_an_output_it_cannot_write_before_replaying(tmp_path: Path,
+@pytest.mark.parametrize(("out", "message"),
+                         [("", "is a directory"), ("a-file/capacity.json", "is a file, not a folder")])
+def test_bench_refuses_an_output_it_cannot_write_before_replaying(out: str, message: str, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench_capacity.main(["--out", str(tmp_path), "--only", "paper"]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert bench_capacity.main(["--out", str(tmp_path / out), "--only", "paper"]) == 2
+    assert message in capsys.readouterr().err
