@@ -60,7 +60,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cacheroute.operator.files import OutputPathError, check_output_dir, check_output_file
+from cacheroute.operator.files import OutputPathError, check_output_dir, check_output_file, write_with
 from cacheroute.planner.memory import plan_memory
 from cacheroute.planner.memory.architecture import preset
 from cacheroute.planner.memory.gpus import GIB, H100_80GB
@@ -521,13 +521,12 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     """The JSON report and its figures (`capacity_plots.py`), each replaced whole."""
     from tests.bench.capacity_plots import write_figures
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(clean(report), indent=2) + "\n")
-    tmp.replace(out)
+    cleaned = clean(report)
+    text = json.dumps(cleaned, indent=2) + "\n"
+    write_with(out, lambda staged: staged.write_text(text))
     # A figure that fails must not cost the run its remaining sections: the JSON is written.
     try:
-        figures = write_figures(clean(report), out.parent, out.stem)
+        figures = write_figures(cleaned, out.parent, out.stem)
     except Exception as exc:
         log(f"wrote {out}; its figures failed: {exc!r} (redraw with python -m tests.bench.capacity_plots {out})")
         return

@@ -54,10 +54,6 @@ def is_ours(label: str) -> bool:
     return "cacheroute" in label.lower()
 
 
-def capacities(policies: dict[str, Any]) -> dict[str, float]:
-    return {label: float(row["capacity_qps"]) for label, row in policies.items()}
-
-
 def best_per_request(policies: dict[str, Any]) -> tuple[str, float] | None:
     found = [(label, float(row["capacity_qps"])) for label, row in policies.items() if label in PER_REQUEST]
     return max(found, key=lambda item: item[1]) if found else None
@@ -85,7 +81,14 @@ def workload_ratios(report: dict[str, Any]) -> list[tuple[str, float, float | No
     return out
 
 
-def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], colors: Sequence[str], notes: Sequence[str]) -> None:
+def _bars(ax: Any, rows: dict[str, Any], colors: Sequence[str] | None = None,
+          notes: Sequence[str] | None = None) -> None:
+    """One bar per policy row, its capacity and KV hit written beside it (`notes` instead where
+    given); CacheRoute's in blue, the others grey, unless `colors` says otherwise."""
+    labels = list(rows)
+    values = [rows[n]["capacity_qps"] for n in labels]
+    colors = colors or [OURS if is_ours(n) else BASELINE for n in labels]
+    notes = notes or [_hit(rows[n]) for n in labels]
     y = range(len(labels))
     ax.barh(list(y), values, color=list(colors))
     ax.set_yticks(list(y), list(labels))
@@ -117,9 +120,7 @@ def _hit(row: dict[str, Any]) -> str:
 
 def draw_paper(ax: Any, paper: dict[str, Any]) -> None:
     rows = paper["policies"]
-    labels = list(rows)
-    _bars(ax, labels, [rows[n]["capacity_qps"] for n in labels], [OURS if is_ours(n) else BASELINE for n in labels],
-          [_hit(rows[n]) for n in labels])
+    _bars(ax, rows)
     chk = paper.get("check", {})
     base = chk.get("baseline")
     if base in rows and "target" in chk:
@@ -139,17 +140,14 @@ def draw_ablation(ax: Any, ablation: dict[str, Any]) -> None:
         tiered = rows[n]["engine"] == host
         colors.append((HOST_TIER if tiered else OURS) if rows[n]["policy"].startswith("cacheroute") else BASELINE)
     ratios = ablation.get("ratio_vs_neither", {})
-    notes = [f"{_hit(rows[n])}  {_times(ratios.get(n), 2)}" for n in labels]
-    _bars(ax, labels, [rows[n]["capacity_qps"] for n in labels], colors, notes)
+    _bars(ax, rows, colors, [f"{_hit(rows[n])}  {_times(ratios.get(n), 2)}" for n in labels])
     ax.set_title("where the gain comes from (cyan: with the host-memory KV tier)", fontsize=9)
 
 
 def draw_product(ax: Any, product: dict[str, Any]) -> None:
     rows = product["policies"]
-    labels = list(rows)
-    default = next((n for n in labels if rows[n]["engine"] == "vllm-default"), None)
-    _bars(ax, labels, [rows[n]["capacity_qps"] for n in labels], [OURS if is_ours(n) else BASELINE for n in labels],
-          [_hit(rows[n]) for n in labels])
+    default = next((n for n in rows if rows[n]["engine"] == "vllm-default"), None)
+    _bars(ax, rows)
     chk = product.get("check", {})
     if default is not None and "target" in chk:
         ax.axvline(chk["target"] * rows[default]["capacity_qps"], color="tab:red", ls="--", lw=1,
@@ -177,13 +175,19 @@ def draw_ratios(ax: Any, ratios: list[tuple[str, float, float | None]]) -> None:
     ax.set_title("every other workload (public traces, low-reuse, held-out draws)", fontsize=9)
 
 
-def summary_figure(report: dict[str, Any]) -> Any | None:
-    """The summary figure, one panel per section the report holds; None when it holds none."""
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend (no display here), imported when first drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def summary_figure(report: dict[str, Any]) -> Any | None:
+    """The summary figure, one panel per section the report holds; None when it holds none."""
+    plt = _pyplot()
     panels: list[tuple[Any, Any]] = []
     for key, draw in (("paper", draw_paper), ("ablation", draw_ablation), ("product", draw_product)):
         if key in report:
@@ -211,11 +215,7 @@ def summary_figure(report: dict[str, Any]) -> Any | None:
 
 def probes_figure(paper: dict[str, Any]) -> Any:
     """p99 TTFT at each rate the capacity search tried, per policy, on `cacheroute-paper`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     cmap = plt.get_cmap("tab10")
     overloaded: list[tuple[float, Any]] = []
@@ -256,12 +256,10 @@ def probes_figure(paper: dict[str, Any]) -> Any:
 
 
 def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
     try:
         write_with(path, lambda staged: fig.savefig(staged, dpi=110, format="png"))
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
 
 
 def write_figures(report: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
