@@ -84,3 +84,6 @@ def configure(level: str = "info", fmt: str = "json") -> None:
     # The client libraries log request bodies at debug level.
     for noisy in ("urllib3", "kubernetes", "aiohttp.access", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, root.level))
+    # httpx logs every Prometheus query at info level: dozens a minute with a few plans.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(root.level if root.level <= logging.DEBUG else logging.WARNING)

@@ -227,6 +227,10 @@ def key_stats_from_trace(trace: RequestTrace, start_s: float | None = None, end_
     hi = float(np.nextafter(last, np.inf)) if end_s is None else float(end_s)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise PlanInputError(f"window [{start_s!r}, {end_s!r}) must have finite bounds")
+    if start_s is not None and lo > last:
+        raise PlanInputError(
+            f"window start {lo:g} s is after the last request of trace {trace.name!r} ({last:g} s)"
+        )
     win = trace.window(lo, hi)
     duration = (min(hi, last) if end_s is None else hi) - lo
     if not duration > 0:

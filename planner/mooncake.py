@@ -71,8 +71,11 @@ def parse_mooncake_lines(
     key: str = "first-blocks:4",
     name: str = "mooncake",
     block_size: int = MOONCAKE_BLOCK_SIZE,
+    source: str | None = None,
 ) -> RequestTrace:
-    """Build a trace from Mooncake JSON lines (blank lines skipped), stably sorted by timestamp."""
+    """Build a trace from Mooncake JSON lines (blank lines skipped), stably sorted by timestamp.
+
+    Errors name the line in `source` (the file, say), else in `name`."""
     parse_key_spec(key)
     ts: list[float] = []
     inp: list[int] = []
@@ -82,7 +85,7 @@ def parse_mooncake_lines(
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"{name} line {lineno}"
+        where = f"{source or name} line {lineno}"
         try:
             obj = json.loads(line, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:
@@ -143,7 +146,7 @@ def read_mooncake(path: str | Path, *, key: str = "first-blocks:4", name: str | 
     """Read a Mooncake JSONL file (the only I/O in trace handling)."""
     p = Path(path)
     with p.open("r", encoding="utf-8") as fh:
-        return parse_mooncake_lines(fh, key=key, name=name or p.stem)
+        return parse_mooncake_lines(fh, key=key, name=name or p.stem, source=str(p))
 
 
 def _dense(labels: list[tuple[int, ...]] | list[int], prefix: str) -> tuple[npt.NDArray[np.int64], tuple[str, ...]]:

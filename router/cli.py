@@ -36,6 +36,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 ENV = "CACHEROUTE_ROUTER_"
 MAX_PORT = 65535

@@ -29,6 +29,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.operator.cli.errors import report
+
 KUBERNETES_VERSION = "v1.33.13"
 # The etcd release Kubernetes 1.33 is tested against (its etcd client is 3.5.21 too).
 ETCD_VERSION = "v3.5.21"
@@ -549,7 +551,7 @@ def _build_with_progress(component: GoComponent, jobs: int, console: Console) ->
 
 # --- command line ----------------------------------------------------------------------------------
 
-app = typer.Typer(help="Build and locate the sandbox's programs.", no_args_is_help=True)
+app = typer.Typer(help="Build and locate the sandbox's programs.", no_args_is_help=True, rich_markup_mode=None)
 
 
 @app.command("ensure")
@@ -562,7 +564,7 @@ def ensure_command(
     try:
         found = ensure(components or None, jobs=jobs, console=console)
     except (BuildError, BinaryNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        report(str(exc))
         raise typer.Exit(1) from None
     for name, located in found.items():
         console.print(f"{name}: {located.path} ({located.source})", soft_wrap=True)

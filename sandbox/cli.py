@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.operator.cli.errors import report
 from cacheroute.sandbox import binaries
 from cacheroute.sandbox.binaries import BinaryNotFoundError, BuildError
 from cacheroute.sandbox.network import LOOPBACK_NETWORK
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
 # `cacheroute` invocation loads this module, and most never start a sandbox.
 
 app = typer.Typer(
-    help="A simulated GPU cluster on this machine (control plane, fake H100 nodes, Prometheus).", no_args_is_help=True
+    help="A simulated GPU cluster on this machine (control plane, fake H100 nodes, Prometheus).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(binaries.app, name="binaries")
 
@@ -37,8 +40,8 @@ def _state_dir(name: str, state_dir: Path | None) -> Path:
     return state_dir if state_dir is not None else default_state_dir(name)
 
 
-def _fail(console: Console, exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
+def _fail(exc: Exception) -> typer.Exit:
+    report(str(exc))
     return typer.Exit(1)
 
 
@@ -92,7 +95,7 @@ def up(
         try:
             parse_image_option(option)
         except ValueError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            report(str(exc))
             raise typer.Exit(2) from None
     runtime = PodRuntimeOptions(
         namespaces=tuple(runtime_namespace or ()),
@@ -120,7 +123,7 @@ def up(
                 options, report=lambda msg: status.update(f"{msg} ({time.monotonic() - started:.1f}s)")
             )
     except (SandboxError, StartError, BinaryNotFoundError, BuildError) as exc:
-        raise _fail(console, exc) from None
+        raise _fail(exc) from None
     console.print(f"sandbox {name!r} up in {sandbox.state.startup_seconds:.1f}s ({sandbox.state_dir})", soft_wrap=True)
     if sandbox.state.pod_network == LOOPBACK_NETWORK:
         console.print(
@@ -148,7 +151,7 @@ def down(
     try:
         shutdown(directory, keep_files=keep_files)
     except SandboxError as exc:
-        raise _fail(console, exc) from None
+        raise _fail(exc) from None
     console.print(f"sandbox in {directory} stopped", soft_wrap=True)
 
 
@@ -162,11 +165,10 @@ def status(
     """Show each component, whether it is healthy, and its URL."""
     from cacheroute.sandbox.cluster import Sandbox, SandboxError
 
-    console = Console(stderr=True)
     try:
         sandbox = Sandbox.attach(_state_dir(name, state_dir))
     except SandboxError as exc:
-        raise _fail(console, exc) from None
+        raise _fail(exc) from None
     if as_json:
         rows = [row.__dict__ for row in sandbox.status()]
         typer.echo(
@@ -196,10 +198,10 @@ def emulator(ctx: typer.Context) -> None:
     try:
         serve_standalone(list(ctx.args), os.environ)
     except EmulatorArgsError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        report(str(exc))
         raise typer.Exit(2) from None
     except OSError as exc:  # the address is taken, or not this machine's
-        Console(stderr=True).print(f"[red]error:[/red] cannot listen: {exc}")
+        report(f"cannot listen: {exc}")
         raise typer.Exit(1) from None
 
 
@@ -222,7 +224,7 @@ def isolate(ctx: typer.Context) -> None:
     try:
         command = isolate_command(args)
     except IsolationError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        report(str(exc))
         raise typer.Exit(2) from None
     os.execv(command[0], command)
 

@@ -88,14 +88,19 @@ def _check_name(obj: dict[str, Any], kind: str) -> None:
         return
     if not isinstance(name, str) or not name:
         raise ValueError("metadata.name: required (a lower-case RFC 1123 name)")
+    check_name(name, kind, "metadata.name")
+
+
+def check_name(name: str, kind: str, what: str) -> None:
+    """ValueError, naming `what`, when the API server would refuse `name` for an object of `kind`."""
     if len(name) > 253 or not _SUBDOMAIN.match(name):
         raise ValueError(
-            f"metadata.name {name!r}: not an RFC 1123 name (lower-case letters, digits, '-' and '.', "
+            f"{what} {name!r}: not an RFC 1123 name (lower-case letters, digits, '-' and '.', "
             "starting and ending with a letter or digit)"
         )
     if kind == "InferencePool" and (len(name) > MAX_POOL_NAME or not _LABEL_1035.match(name)):
         raise ValueError(
-            f"metadata.name {name!r}: an InferencePool's name names its Service and StatefulSet: "
+            f"{what} {name!r}: an InferencePool's name names its Service and StatefulSet: "
             f"at most {MAX_POOL_NAME} lower-case letters, digits and '-', starting with a letter"
         )
 

@@ -138,7 +138,13 @@ class MemorySpec(ApiModel):
 class RouterSpec(ApiModel):
     """The endpoint picker in front of the pool."""
 
-    replicas: int = Field(default=2, ge=0, le=64, description="Router pods (any number make the same decisions).")
+    replicas: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Router pods (any number make the same decisions; 0: none, clients or a GIE gateway reach "
+        "the engines directly).",
+    )
     image: str | None = Field(default=None, max_length=512, description="Defaults to the operator's own image.")
     key_header: str = Field(
         default="x-affinity-key",

@@ -13,6 +13,7 @@ infinities as well, since they compare outside any range.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import sys
 from typing import Any
@@ -54,12 +55,32 @@ def describe_os_error(exc: OSError) -> str:
     return f"{where}: {reason}" if where else reason
 
 
+def non_finite_value(argv: list[str], param: Any) -> str | None:
+    """The value given to `param` on the command line when it reads as NaN or an infinity: a
+    range check then reports a bound the value does not even compare with."""
+    names = set(getattr(param, "opts", ()) or ()) | set(getattr(param, "secondary_opts", ()) or ())
+    for i, arg in enumerate(argv):
+        name, eq, inline = arg.partition("=")
+        if name not in names:
+            continue
+        value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if not math.isfinite(number):
+            return value
+    return None
+
+
 class CommandLine(TyperGroup):
     """The root command: whatever a sub-command raises ends as one line and an exit status."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         standalone = kwargs.pop("standalone_mode", True)
         kwargs["standalone_mode"] = False
+        given = args[0] if args else kwargs.get("args")
+        self._argv = [str(a) for a in (sys.argv[1:] if given is None else given)]
         try:
             result = super().main(*args, **kwargs)
         except Exception as exc:
@@ -82,6 +103,9 @@ class CommandLine(TyperGroup):
         if isinstance(exc, _USAGE_ERROR):
             ctx = getattr(exc, "ctx", None)
             message = exc.format_message()  # type: ignore[attr-defined]
+            bad = non_finite_value(self._argv, getattr(exc, "param", None))
+            if bad is not None:
+                message = f"{message.partition(': ')[0]}: {bad} is not a finite number"
             report(f"{ctx.command_path}: {message}" if ctx is not None else message)
             return USAGE
         if isinstance(exc, _CLICK_EXCEPTION):

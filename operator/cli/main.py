@@ -31,6 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 console = Console()
 
@@ -39,6 +40,22 @@ console = Console()
 def version() -> None:
     """Print the version of cacheroute."""
     console.print(f"cacheroute {package_version()}")
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        version()
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Planned prefix-cache affinity for vLLM fleets on Kubernetes."""
 
 
 @app.command()
@@ -95,7 +112,7 @@ def validate(
             docs = list(documents(text, str(path)))
         except OSError as exc:
             failed += 1
-            report(f"unreadable {path}: {describe_os_error(exc)}")
+            report(describe_os_error(exc) if exc.filename is not None else f"{path}: {describe_os_error(exc)}")
             continue
         except UnicodeDecodeError as exc:
             failed += 1

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from cacheroute.operator.api.manifests import field_errors
+from cacheroute.operator.api.manifests import check_name, field_errors
 from cacheroute.operator.api.plan import MAX_DESTINATIONS_PER_KEY, MAX_PINNED, AffinityPlan
 from cacheroute.operator.cli.errors import describe_os_error, fail
 from cacheroute.operator.cli.statsfile import COLUMNS, StatsFileError, read_stats
@@ -426,6 +426,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         if output not in ("json", "yaml", "table"):
             raise fail(f"-o must be json, yaml or table, got {output!r}")
+        try:
+            check_name(pool, "InferencePool", "--pool")
+            if name is not None:
+                check_name(name, "AffinityPlan", "--name")
+        except ValueError as exc:
+            raise fail(str(exc)) from None
         try:
             if out is not None:
                 check_output_file(out, "--out")

@@ -102,8 +102,12 @@ def load_workload(workload: str | None, trace: Path | None, key: str, seed: int,
         thread = thread[:keep]
         info["window_s"] = duration
         info["requests_before_window"] = n_before
-    if len(tr) < 2:
-        raise ReplayInputError("the workload has fewer than two requests (raise --duration?)")
+    if len(tr) < 2 or not tr.duration_s > 0:
+        where = f"--duration {duration:g}" if duration is not None else tr.name
+        raise ReplayInputError(
+            f"{where}: {len(tr):,} request(s) over {tr.duration_s:g} s; a replay needs at least two requests "
+            "over a positive time" + (" (raise --duration)" if duration is not None else "")
+        )
     return tr, trace_stats(tr, thread), info
 
 
@@ -113,6 +117,17 @@ def _fmt(x: float, pct: bool = False) -> str:
     if math.isinf(x):
         return "inf"
     return f"{x:.1%}" if pct else f"{x:.2f}"
+
+
+def _unmet_note(policy: str, cap: CapacityResult, slo: float) -> str:
+    """Why a capacity reads 0: the slowest rate tried already missed the objective."""
+    lowest = min(cap.probes, key=lambda p: p.qps)
+    missed = ("p99 TTFT over it (the replay stopped early)" if lowest.metrics.aborted
+              else f"p99 TTFT {lowest.ttft_p99_s:.3g} s")
+    return (
+        f"{policy}: capacity 0, no rate meets p99 TTFT <= {slo:g} s; at {lowest.qps:.3g} QPS, the lowest "
+        f"tried, {missed}. Raise --slo-p99-ttft, or check --profile against the prompts' lengths."
+    )
 
 
 def _table(rows: list[dict[str, Any]], capacity: bool, slo: float) -> Table:
@@ -295,6 +310,7 @@ def register(app: typer.Typer) -> None:
         curves: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         hits: dict[str, float] = {}
         results: list[dict[str, Any]] = []
+        unmet: list[str] = []
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
             runs = bar.add_task("policies", total=len(names) * (len(rates) if rates else 1))
@@ -318,6 +334,8 @@ def register(app: typer.Typer) -> None:
                     rows.append({"policy": name, "qps": cap.qps, "metrics": cap.best})
                     if cap.best is not None:
                         hits[name] = cap.best.kv_hit
+                    elif cap.probes:
+                        unmet.append(_unmet_note(name, cap, slo_p99_ttft))
                     results.append(cap.to_dict())
                     bar.advance(runs)
                     continue
@@ -333,6 +351,8 @@ def register(app: typer.Typer) -> None:
                     bar.advance(runs)
 
         console.print(_table(rows, capacity, slo_p99_ttft))
+        for note in unmet:
+            console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         if out is not None:
             report = {
                 "command": "replay",

@@ -52,7 +52,10 @@ def _csv_rows(text: str, source: str) -> Iterator[tuple[str, dict[str, object]]]
         raise StatsFileError(f"{source}: header lacks column(s) {', '.join(missing)} (need {', '.join(COLUMNS)})")
     reader.fieldnames = header
     for row in reader:
-        yield f"{source} line {reader.line_num}", dict(row)
+        where = f"{source} line {reader.line_num}"
+        if None in row:  # DictReader files the cells past the header under None
+            raise StatsFileError(f"{where}: {len(header) + len(row[None])} cells for {len(header)} columns")
+        yield where, dict(row)
 
 
 def _jsonl_rows(text: str, source: str) -> Iterator[tuple[str, dict[str, object]]]:

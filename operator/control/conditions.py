@@ -47,6 +47,9 @@ AS_EXPECTED = "AsExpected"
 PLAN_IN_EFFECT = "PlanInEffect"
 NO_PLAN = "NoPlan"
 REPORTING = "ShadowReporting"
+# What a plan waits on rather than fails at: its pool's first replicas, its first traffic. Such a
+# period is not Degraded and tells no Warning: every fresh `kubectl apply` would page someone.
+WAITING = frozenset({POOL_NOT_READY, NO_TRAFFIC})
 
 Status = Literal["True", "False", "Unknown"]
 

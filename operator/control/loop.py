@@ -67,7 +67,7 @@ MIN_PERIOD_S = 1.0
 # retried this soon instead of a whole control period later: a plan applied with its pool, as
 # `kubectl apply -f examples/` does, would otherwise sit idle for the default five minutes.
 WAITING_RETRY_S = 15.0
-WAITING_REASONS = frozenset({cond.POOL_NOT_FOUND, cond.POOL_NOT_READY, cond.NO_TRAFFIC})
+WAITING_REASONS = cond.WAITING | {cond.POOL_NOT_FOUND}
 
 
 class EventSink(Protocol):
@@ -247,6 +247,8 @@ class PlanLoop:
         if current.plan is not None:
             self.metrics.in_effect(pool_name, current.version, len(current.plan))
         work = _Work(result, spec, pool, pool_obj, current, publish_allowed)
+        if spec.mode != "Shadow" and await self._claimed(work):
+            return result
         if spec.mode == "Manual":
             return await self._manual(work)
         return await self._computed(work)
@@ -305,7 +307,9 @@ class PlanLoop:
             return False
         finally:
             reader.close()
-        result.status["observedKvHit"] = window.observed_kv_hit
+        observed = window.observed_kv_hit
+        # `kubectl get` prints the figure as stored: four decimals say all a counter ratio can.
+        result.status["observedKvHit"] = None if observed is None else round(observed, 4)
         if keys and not window.total_requests > 0:
             message = f"no router requests of pool {w.pool_name} in the last {w.spec.metrics_window}"
             result.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, message))
@@ -326,7 +330,7 @@ class PlanLoop:
             why = result.finding(cond.METRICS_AVAILABLE)
             assert why is not None
             result.add(Finding(cond.PLANNED, False, cond.METRICS_UNAVAILABLE, why.message),
-                       Finding(cond.DEGRADED, True, why.reason, why.message))
+                       Finding(cond.DEGRADED, why.reason not in cond.WAITING, why.reason, why.message))
             return result
         planned = await self._plan(w, ready)
         if planned is None:
@@ -479,12 +483,7 @@ class PlanLoop:
         except PlanError as exc:
             return _not_planned(result, cond.INVALID_PLAN, str(exc))
         result.status["candidateVersion"] = payload.version
-        owner = await asyncio.to_thread(self._other_writer, w)
-        if owner is not None:
-            message = f"the plan of pool {w.pool_name} is published by AffinityPlan {owner}; this one is not applied"
-            result.add(Finding(cond.APPLIED, False, cond.POOL_CLAIMED, message),
-                       Finding(cond.DEGRADED, True, cond.POOL_CLAIMED, message))
-            result.tell("Warning", cond.POOL_CLAIMED, message)
+        if await self._claimed(w):  # another plan may have published since the period began
             return result
         if not w.publish_allowed():
             result.add(Finding(cond.APPLIED, False, "Stopping", "the AffinityPlan is being deleted"))
@@ -511,6 +510,18 @@ class PlanLoop:
         result.add(Finding(cond.APPLIED, True, reason, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
         result.tell("Normal" if reason == cond.PLAN_APPLIED else "Warning", reason, message)
         return result
+
+    async def _claimed(self, w: _Work) -> bool:
+        """True (with the findings) when another AffinityPlan publishes this pool's plan: this one
+        then neither plans nor applies, whatever its candidate would be."""
+        owner = await asyncio.to_thread(self._other_writer, w)
+        if owner is None:
+            return False
+        message = f"the plan of pool {w.pool_name} is published by AffinityPlan {owner}; this one is not applied"
+        w.result.add(Finding(cond.APPLIED, False, cond.POOL_CLAIMED, message),
+                     Finding(cond.DEGRADED, True, cond.POOL_CLAIMED, message))
+        w.result.tell("Warning", cond.POOL_CLAIMED, message)
+        return True
 
     def _other_writer(self, w: _Work) -> str | None:
         """Another AffinityPlan that publishes this pool's plan (Auto or Manual), if any: the first
@@ -604,6 +615,7 @@ def _waiting(status: Mapping[str, Any]) -> bool:
 
 
 def _not_planned(result: PeriodResult, reason: str, message: str) -> PeriodResult:
-    result.add(Finding(cond.PLANNED, False, reason, message), Finding(cond.DEGRADED, True, reason, message))
-    result.tell("Warning", reason, message)
+    waiting = reason in cond.WAITING
+    result.add(Finding(cond.PLANNED, False, reason, message), Finding(cond.DEGRADED, not waiting, reason, message))
+    result.tell("Normal" if waiting else "Warning", reason, message)
     return result

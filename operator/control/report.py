@@ -31,6 +31,9 @@ def ready_finding(mode: str, result: PeriodResult, plan_version: str | None) -> 
         if planned is not None:
             return Finding(cond.READY, False, planned.reason, planned.message)
         return Finding(cond.READY, False, cond.NO_PLAN, "no period has reported yet")
+    applied = result.finding(cond.APPLIED)
+    if applied is not None and applied.reason == cond.POOL_CLAIMED:
+        return Finding(cond.READY, False, cond.POOL_CLAIMED, applied.message)
     if plan_version:
         return Finding(cond.READY, True, cond.PLAN_IN_EFFECT, f"plan {plan_version} is in effect")
     return Finding(cond.READY, False, cond.NO_PLAN, "no plan has been published yet")
@@ -58,15 +61,21 @@ def events_to_post(old_status: Mapping[str, Any], result: PeriodResult) -> list[
     old_conditions = list(old_status.get("conditions") or [])
     same_candidate = result.status.get("candidateVersion") == old_status.get("candidateVersion")
     degraded = cond.current(old_conditions, cond.DEGRADED)
-    failing_for = degraded.get("reason") if degraded is not None and degraded.get("status") == "True" else None
+    # A failure, or a wait, is told when it starts, not every period it lasts.
+    failing_for = (
+        degraded.get("reason")
+        if degraded is not None and (degraded.get("status") == "True" or degraded.get("reason") in cond.WAITING)
+        else None
+    )
     out: list[Event] = []
     metrics = result.finding(cond.METRICS_AVAILABLE)
     if metrics is not None and cond.is_true(old_conditions, cond.METRICS_AVAILABLE) is not metrics.status:
-        out.append(Event("Normal" if metrics.status else "Warning", metrics.reason, metrics.message))
+        quiet = metrics.status or metrics.reason in cond.WAITING
+        out.append(Event("Normal" if quiet else "Warning", metrics.reason, metrics.message))
     for event in result.events:
         if event.reason in (SHADOW_PLANNED, cond.GUARD_REJECTED) and same_candidate:
             continue
-        if event.kind == "Warning" and event.reason == failing_for:
+        if event.reason == failing_for and (event.kind == "Warning" or event.reason in cond.WAITING):
             continue
         out.append(event)
     return out

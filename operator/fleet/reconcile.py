@@ -30,6 +30,10 @@ EventType = Literal["Normal", "Warning"]
 EventSink = Callable[[EventType, str, str], None]
 
 
+# Degraded reasons told by an Event when they start (the others have Events of their own).
+_ANNOUNCED_FAILURES = frozenset({"InsufficientGPUs", "Unschedulable", "ReplicasFailing"})
+
+
 @dataclass
 class PoolMemory:
     """What one process remembers of a pool between passes."""
@@ -41,6 +45,8 @@ class PoolMemory:
     template_digest: str = ""
     last_status: dict[str, Any] | None = None
     gie_checked_generation: int = -1
+    # spec.gie.enabled, and no GIE InferencePool CRD was served at the last check.
+    gie_missing: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,7 @@ class Reconciler:
         emit: EventSink,
     ) -> None:
         installed = self.cluster.serves(gie.GIE_GROUP, gie.GIE_VERSION, gie.GIE_PLURAL)
+        mem.gie_missing = obj is not None and not installed
         if obj is not None:
             if installed:
                 self.cluster.apply(obj)
@@ -243,7 +250,9 @@ class Reconciler:
         emit: EventSink,
     ) -> dict[str, Any]:
         previous = mem.last_status if mem.last_status is not None else dict(previous_status)
-        new = status.build_status(spec, generation, memory=memory, facts=facts, previous=previous, now=self.now())
+        new = status.build_status(
+            spec, generation, memory=memory, facts=facts, previous=previous, now=self.now(), gie_missing=mem.gie_missing
+        )
         if status.same_status(new, previous):
             return previous
         self._announce_conditions(previous, new, emit)
@@ -265,7 +274,5 @@ class Reconciler:
                 continue
             if cond["type"] == "Ready" and cond["status"] == "True":
                 emit("Normal", "Ready", cond["message"])
-            elif cond["type"] == "Degraded" and cond["status"] == "True" and cond["reason"] == "InsufficientGPUs":
-                emit("Warning", "InsufficientGPUs", cond["message"])
-            elif cond["type"] == "Degraded" and cond["status"] == "True" and cond["reason"] == "ReplicasFailing":
-                emit("Warning", "ReplicasFailing", cond["message"])
+            elif cond["type"] == "Degraded" and cond["status"] == "True" and cond["reason"] in _ANNOUNCED_FAILURES:
+                emit("Warning", cond["reason"], cond["message"])

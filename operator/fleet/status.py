@@ -124,13 +124,27 @@ def destinations(pods: Iterable[PodFacts], replicas: int, port: int) -> list[dic
     return out
 
 
-def _gpu_shortfall(pods: Sequence[PodFacts], spec: InferencePoolSpec) -> list[PodFacts]:
-    resource = spec.gpu.resource_name
-    return [p for p in pods if p.unschedulable and (resource in p.unschedulable or "Insufficient" in p.unschedulable)]
+# The scheduler's words for "no node has the GPUs": too few free, or no node of the pool's
+# product at all (the replicas' node selector on `gpu.product` matches none).
+_GPU_SHORTFALL_MARKS = ("Insufficient", "node affinity/selector")
 
 
-def verdicts(spec: InferencePoolSpec, memory: MemoryOutcome, facts: FleetFacts) -> dict[str, Verdict]:
-    """The four conditions, most actionable reason first."""
+def _unschedulable(pods: Sequence[PodFacts]) -> list[PodFacts]:
+    return [p for p in pods if p.unschedulable]
+
+
+def _shortfall_reason(pod: PodFacts, spec: InferencePoolSpec) -> str:
+    message = pod.unschedulable
+    if spec.gpu.resource_name in message or any(mark in message for mark in _GPU_SHORTFALL_MARKS):
+        return "InsufficientGPUs"
+    return "Unschedulable"
+
+
+def verdicts(
+    spec: InferencePoolSpec, memory: MemoryOutcome, facts: FleetFacts, *, gie_missing: bool = False
+) -> dict[str, Verdict]:
+    """The four conditions, most actionable reason first. `gie_missing`: `spec.gie.enabled`, and
+    the cluster serves no GIE InferencePool to publish the pool as."""
     pods = [p for p in facts.pods if p.ordinal < spec.replicas and not p.terminating]
     ready = sum(1 for p in pods if p.ready)
     sts = facts.statefulset
@@ -155,7 +169,7 @@ def verdicts(spec: InferencePoolSpec, memory: MemoryOutcome, facts: FleetFacts) 
             out["Degraded"] = Verdict("True", memory.state, message)
         return out
 
-    short = _gpu_shortfall(pods, spec)
+    short = _unschedulable(pods)
     failing = [p for p in pods if p.failing]
     updating = sts is not None and (
         not sts.settled
@@ -165,16 +179,24 @@ def verdicts(spec: InferencePoolSpec, memory: MemoryOutcome, facts: FleetFacts) 
     router_ok = spec.router.replicas == 0 or (facts.router is not None and facts.router.available_replicas > 0)
     if short:
         names = ", ".join(p.name for p in short)
-        detail = short[0].unschedulable
+        detail = short[0].unschedulable.rstrip(". ")
         out["Degraded"] = Verdict(
             "True",
-            "InsufficientGPUs",
+            _shortfall_reason(short[0], spec),
             f"{len(short)} replica(s) cannot be scheduled ({names}): {detail}. Each needs "
-            f"{spec.tensor_parallel_size} x {spec.gpu.resource_name} on one {spec.gpu.product} node.",
+            f"{spec.tensor_parallel_size} x {spec.gpu.resource_name} on one node labelled "
+            f"nvidia.com/gpu.product={spec.gpu.product}.",
         )
     elif failing:
         out["Degraded"] = Verdict(
             "True", "ReplicasFailing", ", ".join(f"{p.name}: {p.failing}" for p in failing)
+        )
+    elif gie_missing:
+        out["Degraded"] = Verdict(
+            "True", "GIENotInstalled",
+            "spec.gie.enabled, but the cluster serves no inference.networking.k8s.io/v1 InferencePool: install "
+            "the Gateway API Inference Extension's CRDs, or set spec.gie.enabled to false. The pool's own "
+            "routers serve it meanwhile.",
         )
     else:
         out["Degraded"] = Verdict("False", "AsExpected", "")
@@ -194,12 +216,17 @@ def verdicts(spec: InferencePoolSpec, memory: MemoryOutcome, facts: FleetFacts) 
         out["Progressing"] = Verdict("False", "Complete", f"{spec.replicas} replicas up to date")
 
     if short:
-        out["Ready"] = Verdict("False", "InsufficientGPUs", out["Degraded"].message)
+        out["Ready"] = Verdict("False", out["Degraded"].reason, out["Degraded"].message)
     elif ready < spec.replicas:
         reason = "Updating" if updating else "PodsNotReady"
         out["Ready"] = Verdict("False", reason, f"{ready}/{spec.replicas} replicas ready")
     elif not router_ok:
         out["Ready"] = Verdict("False", "RouterNotReady", f"no router replica of {spec.router.replicas} is available")
+    elif spec.router.replicas == 0:
+        out["Ready"] = Verdict(
+            "True", "Ready", f"{ready}/{spec.replicas} replicas ready; no router (router.replicas is 0): "
+            "clients or a GIE gateway reach the engines directly"
+        )
     else:
         out["Ready"] = Verdict("True", "Ready", f"{ready}/{spec.replicas} replicas ready, routable through the router")
     return out
@@ -240,6 +267,7 @@ def build_status(
     facts: FleetFacts,
     previous: Mapping[str, Any],
     now: datetime,
+    gie_missing: bool = False,
 ) -> dict[str, Any]:
     """The whole status document, in wire (camelCase) form."""
     dests = destinations(facts.pods, spec.replicas, spec.engine.port)
@@ -248,7 +276,9 @@ def build_status(
         "replicas": len(dests),
         "readyReplicas": sum(1 for d in dests if d["ready"]),
         "destinations": dests,
-        "conditions": conditions(verdicts(spec, memory, facts), previous.get("conditions") or [], generation, now),
+        "conditions": conditions(
+            verdicts(spec, memory, facts, gie_missing=gie_missing), previous.get("conditions") or [], generation, now
+        ),
     }
     if memory.plan is not None:
         plan_status = memory_plan_status(memory.plan).wire()

@@ -61,6 +61,7 @@ def test_shadow_fills_status_and_never_writes_the_configmap(env: ControlEnv) -> 
     assert 0 < status["coveredRequestShare"] <= 1
     assert 0 <= status["predictedKvHit"] <= 1 and status["predictedP99TtftSeconds"] > 0
     assert status["observedKvHit"] == pytest.approx(traffic.kv_hit, abs=0.05)
+    assert status["observedKvHit"] == round(status["observedKvHit"], 4)  # as `kubectl get` prints it
     applied = condition(later, "Applied")
     assert applied["status"] == "False" and "would apply" in applied["message"]
     assert condition(later, "Ready")["reason"] == "ShadowReporting"
@@ -93,7 +94,10 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
                                                     pinned=[{"key": "tenant-z", "destinations": ["llama-0"]}]))
     wait_for(lambda: condition(get_plan(kube_api, namespace, "intruder"), "Applied").get("reason") == "PoolClaimed",
              timeout=60, what="Applied=False PoolClaimed")
-    assert get_plan(kube_api, namespace, "intruder")["status"].get("planVersion") == obj["status"]["planVersion"]
+    intruder = get_plan(kube_api, namespace, "intruder")
+    assert intruder["status"].get("planVersion") == obj["status"]["planVersion"]
+    assert (condition(intruder, "Ready")["status"], condition(intruder, "Ready")["reason"]) == ("False", "PoolClaimed")
+    assert condition(intruder, "Degraded")["status"] == "True"
 
     # A pinned route naming a destination the pool does not have is refused; the plan stays.
     version = obj["status"]["planVersion"]

@@ -190,6 +190,16 @@ def extra_node(kube_api: Any, index: int) -> Any:
             core.delete_node(name)
 
 
+def test_a_gpu_product_no_node_carries_is_insufficient_gpus_naming_the_label(fleet: Fleet) -> None:
+    spec = {**LLAMA_70B_FP8_TP2, "replicas": 1, "gpu": {"product": "NVIDIA-A100-SXM4-80GB"}}
+    fleet.pools.create("elsewhere", spec)
+    degraded = fleet.pools.await_condition("elsewhere", "Degraded", "True", "InsufficientGPUs", timeout=120)
+    assert "node affinity/selector" in degraded["message"]
+    assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB" in degraded["message"]
+    fleet.pools.await_condition("elsewhere", "Ready", "False", "InsufficientGPUs")
+    fleet.pools.remove_all()
+
+
 def test_more_gpus_than_the_nodes_have_is_insufficient_gpus_and_recovers_with_a_node(
     fleet: Fleet, kube_api: Any
 ) -> None:

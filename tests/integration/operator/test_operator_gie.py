@@ -39,6 +39,35 @@ def gie_pool(kube_api: Any, namespace: str, name: str) -> dict[str, Any] | None:
     return out
 
 
+def serves_gie(kube_api: Any) -> bool:
+    try:
+        found = client.CustomObjectsApi(kube_api).get_api_resources(GROUP, "v1")
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.name == "inferencepools" for r in found.resources)
+
+
+def test_a_pool_published_to_gie_without_its_crds_is_degraded_until_they_come(
+    sandbox: Sandbox, fleet: Fleet, kube_api: Any
+) -> None:
+    until(lambda: not serves_gie(kube_api), "no GIE InferencePool served (an earlier test's CRD gone)", timeout=60)
+    fleet.pools.create("llama", {**LLAMA_70B_FP8_TP2, "gie": {"enabled": True}})
+    degraded = fleet.pools.await_condition("llama", "Degraded", "True", "GIENotInstalled", timeout=120)
+    assert "spec.gie.enabled to false" in degraded["message"]
+    fleet.pools.await_condition("llama", "Ready", "True", timeout=120)  # its own routers serve it
+    # Once the CRDs are there (the operator rediscovers them within its 30 s cache), the pool is published.
+    crd = gie_inferencepool_crd()
+    apply_crds(sandbox.api_client(), [crd])
+    try:
+        until(lambda: gie_pool(kube_api, fleet.namespace, "llama") is not None, "the GIE InferencePool", timeout=90)
+        fleet.pools.await_condition("llama", "Degraded", "False", "AsExpected", timeout=60)
+    finally:
+        with contextlib.suppress(client.ApiException):
+            client.ApiextensionsV1Api(sandbox.api_client()).delete_custom_resource_definition(crd["metadata"]["name"])
+
+
 def test_gie_pool_points_at_the_router_and_goes_when_disabled(gie_crd: None, fleet: Fleet, kube_api: Any) -> None:
     created = fleet.pools.create("llama", {**LLAMA_70B_FP8_TP2, "gie": {"enabled": True, "failureMode": "FailClose"}})
     until(lambda: gie_pool(kube_api, fleet.namespace, "llama") is not None, "the GIE InferencePool", timeout=60)

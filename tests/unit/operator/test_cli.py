@@ -17,6 +17,15 @@ def test_version() -> None:
     result = runner.invoke(app, ["version"])
     assert result.exit_code == 0
     assert result.stdout.startswith("cacheroute ")
+    flag = runner.invoke(app, ["--version"])
+    assert (flag.exit_code, flag.stdout) == (0, result.stdout)
+
+
+def test_help_names_every_option_whole_in_80_columns() -> None:
+    result = runner.invoke(app, ["memory-plan", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0
+    assert "--gpu-memory-gib" in result.stdout and "--max-num-batched-tokens" in result.stdout
+    assert "…" not in result.stdout
 
 
 def test_crds_writes_and_checks(tmp_path: Path) -> None:
@@ -50,4 +59,4 @@ def test_validate_reports_every_bad_document(tmp_path: Path) -> None:
 def test_validate_unreadable_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2
-    assert "missing.yaml" in result.output
+    assert result.output.count("missing.yaml") == 1 and "No such file" in result.output

@@ -176,6 +176,9 @@ def check_one_line(result: Any, name: str) -> None:
 def test_bad_numbers_are_refused_in_one_line(path: str, option: str, value: str, guarded: dict[str, str]) -> None:
     result = run_bad(path, [option, value], guarded)
     check_one_line(result, option)
+    if value in ("nan", "inf", "-inf") and option.startswith("-"):
+        # Not "should be at most N": a NaN is not above any bound.
+        assert f"{value} is not a finite number" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(("path", "option", "value"), list(path_cases()))

@@ -96,8 +96,8 @@ def test_memory_plan_gpu_memory_beyond_any_gpu() -> None:
         ({"input_length": 1e300}, None, "input_length"),
         ({"output_length": 10**30}, None, "output_length"),
         ({"hash_ids": [10**30, 1]}, None, "hash_ids"),
-        ({}, '{"timestamp": 1, "input_length": ' + "9" * 5000 + "}", "line 6"),
-        ({}, "[" * 100_000, "line 6"),
+        ({}, '{"timestamp": 1, "input_length": ' + "9" * 5000 + "}", "trace.jsonl line 6"),
+        ({}, "[" * 100_000, "trace.jsonl line 6"),
     ],
 )
 def test_plan_trace_with_bad_numbers(tmp_path: Path, change: dict[str, Any], raw: str | None, problem: str) -> None:
@@ -110,7 +110,8 @@ def test_plan_inverted_or_empty_window(tmp_path: Path) -> None:
     path = trace(tmp_path)
     base = ["plan", "--trace", str(path), "--destinations", "2", "--budget-tokens", "9000"]
     one_line_error([*base, "--window-start", "3", "--window-end", "1"], "--window-start 3 must come before")
-    one_line_error([*base, "--window-start", "100", "--window-end", "200"], "holds no request")
+    one_line_error([*base, "--window-start", "1.5", "--window-end", "1.9"], "holds no request")
+    one_line_error([*base, "--window-start", "1e9"], "window start 1e+09 s is after the last request", "(4 s)")
     one_line_error([*base, "--window-start", "nan"], "--window-start")
 
 
@@ -126,12 +127,24 @@ def test_plan_out_in_a_missing_folder_is_refused_before_any_work(tmp_path: Path)
     ("content", "problem"),
     [(b"key,rate\n\xff\xfe,1\n", "not UTF-8"), (b"key,rate,prompt_tokens,prefix_tokens,output_tokens\na,inf,1,1,1\n",
      "finite"), (b"key,rate,prompt_tokens,prefix_tokens,output_tokens\na,1e400,1,1,1\n", "finite"),
-     (b'{"key": "a", "rate": NaN, "prompt_tokens": 1, "prefix_tokens": 0, "output_tokens": 1}\n', "rate")],
+     (b'{"key": "a", "rate": NaN, "prompt_tokens": 1, "prefix_tokens": 0, "output_tokens": 1}\n', "rate"),
+     (b"key,rate,prompt_tokens,prefix_tokens,output_tokens\na,1,1,1,1,7\n", "line 2: 6 cells for 5 columns")],
 )
 def test_plan_statistics_that_are_not_usable(tmp_path: Path, content: bytes, problem: str) -> None:
     stats = tmp_path / "stats.csv"
     stats.write_bytes(content)
     one_line_error(["plan", "--stats", str(stats), "--destinations", "2", "--budget-tokens", "9"], problem)
+
+
+def test_plan_names_the_api_server_would_refuse_are_refused_before_any_work(tmp_path: Path) -> None:
+    stats = tmp_path / "stats.csv"
+    stats.write_text(STATS)
+    out = tmp_path / "plan.yaml"
+    base = ["plan", "--stats", str(stats), "--destinations", "2", "--budget-tokens", "9000", "-o", "yaml",
+            "--out", str(out)]
+    one_line_error([*base, "--name", "Bad_Name"], "--name 'Bad_Name'", "RFC 1123")
+    one_line_error([*base, "--pool", "9pool"], "--pool '9pool'", "starting with a letter")
+    assert not out.exists()
 
 
 def test_plan_destinations_file_not_utf8_or_not_addresses(tmp_path: Path) -> None:
@@ -150,9 +163,17 @@ def test_plan_destinations_file_not_utf8_or_not_addresses(tmp_path: Path) -> Non
 # --- replay --------------------------------------------------------------------------------------
 
 
-def test_replay_durations_and_slo_out_of_range() -> None:
+def test_replay_durations_and_slo_out_of_range(tmp_path: Path) -> None:
     one_line_error(["replay", "--workload", "low-reuse", "--duration", "0.001", "--policies", "p2c"],
-                   "fewer than two requests")
+                   "--duration 0.001: ")
+    # Requests that all arrive at once span no time: an input problem, not an internal error.
+    trace = tmp_path / "burst.jsonl"
+    trace.write_text("".join(
+        f'{{"timestamp": {t}, "input_length": 600, "output_length": 8, "hash_ids": [{i}, {i + 9}]}}\n'
+        for i, t in enumerate([0, 0, 0, 900])
+    ))
+    one_line_error(["replay", "--trace", str(trace), "--duration", "0.5", "--policies", "p2c"],
+                   "at least two requests over a positive time")
     one_line_error(["replay", "--workload", "low-reuse", "--slo-p99-ttft", "inf", "--capacity"], "--slo-p99-ttft")
     one_line_error(["replay", "--workload", "low-reuse", "--qps", "1e400"], "--qps")
 

@@ -42,6 +42,14 @@ def test_auto_is_ready_while_a_plan_is_in_effect_even_when_degraded() -> None:
     assert next(c for c in none["conditions"] if c["type"] == "Ready")["reason"] == "NoPlan"
 
 
+def test_a_plan_another_one_claimed_the_pool_from_is_not_ready_though_a_plan_is_in_effect() -> None:
+    claimed = "the plan of pool llama is published by AffinityPlan first; this one is not applied"
+    result = PeriodResult("kept", 1, [Finding(cond.APPLIED, False, cond.POOL_CLAIMED, claimed)])
+    status = new_status({"planVersion": "abc"}, result, mode="Auto", generation=1, now=2)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"], ready["message"]) == ("False", "PoolClaimed", claimed)
+
+
 def test_shadow_is_ready_when_it_reported_a_candidate() -> None:
     result = PeriodResult("shadow", 1, [Finding(cond.PLANNED, True, "PlanComputed")])
     status = new_status({}, result, mode="Shadow", generation=None, now=2)
@@ -66,6 +74,24 @@ def test_events_skip_repeats_of_a_failure_and_of_a_judged_candidate() -> None:
     assert events_to_post(old, rejected) == []
     rejected.status["candidateVersion"] = "v3"
     assert [e.reason for e in events_to_post(old, rejected)] == [cond.GUARD_REJECTED]
+
+
+def test_waiting_for_a_pool_or_for_traffic_is_told_once_and_is_not_degraded() -> None:
+    fresh = PeriodResult("kept", 1)
+    fresh.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, "no router requests"),
+              Finding(cond.DEGRADED, False, cond.NO_TRAFFIC, "no router requests"))
+    status = new_status({}, fresh, mode="Auto", generation=1, now=2)
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("False", "NoTraffic")
+    (event,) = events_to_post({}, fresh)
+    assert (event.kind, event.reason) == ("Normal", "NoTraffic")
+    still = PeriodResult("kept", 2)
+    still.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, "no router requests"))
+    assert events_to_post(status, still) == []
+    starting = PeriodResult("kept", 1)
+    starting.tell("Normal", cond.POOL_NOT_READY, "no ready destination")
+    old = {"conditions": cond.merge([], [Finding(cond.DEGRADED, False, cond.POOL_NOT_READY)], generation=1, now=T0)}
+    assert events_to_post(old, starting) == []
 
 
 def test_metrics_available_turning_either_way_is_told() -> None:

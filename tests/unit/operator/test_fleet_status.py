@@ -54,8 +54,27 @@ def test_a_replica_the_scheduler_cannot_place_is_insufficient_gpus_with_its_mess
     v = verdicts(SPEC, PLANNED, facts)
     assert (v["Ready"].status, v["Ready"].reason) == ("False", "InsufficientGPUs")
     assert (v["Degraded"].status, v["Degraded"].reason) == ("True", "InsufficientGPUs")
-    assert message in v["Ready"].message and "llama-2" in v["Ready"].message
+    assert message.rstrip(".") in v["Ready"].message and "llama-2" in v["Ready"].message
     assert "2 x nvidia.com/gpu" in v["Degraded"].message
+
+
+def test_a_gpu_product_no_node_has_is_insufficient_gpus_naming_the_label() -> None:
+    message = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+    spec = SPEC.model_copy(update={"gpu": SPEC.gpu.model_copy(update={"product": "NVIDIA-A100-SXM4-80GB"})})
+    facts = FleetFacts([pod(0, ready=False, unschedulable=message), pod(1), pod(2)], workload(3, 2), ROUTER)
+    v = verdicts(spec, PLANNED, facts)
+    assert (v["Ready"].reason, v["Degraded"].status, v["Degraded"].reason) == (
+        "InsufficientGPUs", "True", "InsufficientGPUs")
+    assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB" in v["Degraded"].message
+
+
+def test_a_replica_unschedulable_for_another_reason_is_degraded_not_left_starting() -> None:
+    message = "0/4 nodes are available: 4 node(s) had untolerated taint {maintenance: true}."
+    facts = FleetFacts([pod(0), pod(1), pod(2, ready=False, unschedulable=message)], workload(3, 2), ROUTER)
+    v = verdicts(SPEC, PLANNED, facts)
+    assert (v["Ready"].status, v["Ready"].reason) == ("False", "Unschedulable")
+    assert (v["Degraded"].status, v["Degraded"].reason) == ("True", "Unschedulable")
+    assert "untolerated taint" in v["Degraded"].message and ".." not in v["Degraded"].message
 
 
 def test_a_rollout_is_updating_and_a_slow_start_is_pods_not_ready() -> None:
@@ -70,6 +89,21 @@ def test_a_rollout_is_updating_and_a_slow_start_is_pods_not_ready() -> None:
 def test_no_available_router_is_not_ready() -> None:
     facts = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3), workload(2, 0))
     assert verdicts(SPEC, PLANNED, facts)["Ready"].reason == "RouterNotReady"
+
+
+def test_a_pool_published_to_gie_without_its_crds_is_degraded_but_ready() -> None:
+    facts = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3), ROUTER)
+    v = verdicts(SPEC, PLANNED, facts, gie_missing=True)
+    assert (v["Ready"].status, v["Degraded"].status, v["Degraded"].reason) == ("True", "True", "GIENotInstalled")
+    assert "spec.gie.enabled to false" in v["Degraded"].message
+    assert verdicts(SPEC, PLANNED, facts)["Degraded"].status == "False"
+
+
+def test_a_pool_without_routers_is_ready_and_says_it_has_none() -> None:
+    spec = SPEC.model_copy(update={"router": SPEC.router.model_copy(update={"replicas": 0})})
+    v = verdicts(spec, PLANNED, FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3), None))
+    assert (v["Ready"].status, v["Ready"].reason) == ("True", "Ready")
+    assert "no router" in v["Ready"].message and "routable through the router" not in v["Ready"].message
 
 
 def test_a_pool_that_does_not_fit_is_degraded_and_not_progressing() -> None:

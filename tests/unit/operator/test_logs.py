@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from cacheroute.operator.logs import JsonFormatter, QuietRoutine
+from cacheroute.operator.logs import JsonFormatter, QuietRoutine, configure
 
 
 def record(name: str, level: int, message: str, **extra: object) -> logging.LogRecord:
@@ -39,3 +39,20 @@ def test_routine_successes_are_not_logged_but_failures_and_pool_handlers_are() -
     assert quiet.filter(record("kopf.objects", logging.INFO, "Handler 'pool_changed' succeeded."))
     failed = "Handler 'pool_object_changed' failed with an exception."
     assert quiet.filter(record("kopf.objects", logging.ERROR, failed))
+
+
+def test_prometheus_queries_are_logged_at_debug_level_only() -> None:
+    root = logging.getLogger()
+    libraries = ("urllib3", "kubernetes", "aiohttp.access", "asyncio", "httpx", "httpcore")
+    saved = (list(root.handlers), root.level, {name: logging.getLogger(name).level for name in libraries})
+    try:
+        configure("info")
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+        configure("debug")
+        assert logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        for name, level in saved[2].items():
+            logging.getLogger(name).setLevel(level)

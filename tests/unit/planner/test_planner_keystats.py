@@ -84,6 +84,8 @@ def test_window_selects_requests_and_sets_the_rate_denominator() -> None:
     with pytest.raises(PlanInputError, match="spans"):
         key_stats_from_trace(trace, 5.0, 5.0)
     with pytest.raises(PlanInputError, match="holds no request"):
+        key_stats_from_trace(trace, 2.2, 2.8)
+    with pytest.raises(PlanInputError, match=r"window start 20 s is after the last request .* \(10 s\)"):
         key_stats_from_trace(trace, 20.0, 30.0)
 
 

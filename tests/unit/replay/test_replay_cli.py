@@ -63,6 +63,16 @@ def test_capacity_search_on_a_generated_workload(tmp_path: Path) -> None:
     assert report["workload_stats"]["requests"] > 100
 
 
+def test_a_capacity_of_zero_says_that_not_even_the_lowest_rate_met_the_objective() -> None:
+    res = runner.invoke(make_app(), [
+        "replay", "--workload", "low-reuse", "--duration", "30", "--destinations", "4", "--policies", "p2c",
+        "--capacity", "--slo-p99-ttft", "0.001",
+    ], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    note = next(line for line in res.output.splitlines() if line.startswith("note: p2c:"))
+    assert "no rate meets p99 TTFT <= 0.001 s" in note and "the lowest tried" in note and "--slo-p99-ttft" in note
+
+
 def test_a_sampled_workload_is_drawn_from_the_seed_and_reported(tmp_path: Path) -> None:
     reports = []
     for seed, out in (("7", tmp_path / "a"), ("7", tmp_path / "b"), ("8", tmp_path / "c")):

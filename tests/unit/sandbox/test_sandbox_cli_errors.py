@@ -1,0 +1,20 @@
+"""The sandbox's commands report a failure as the rest of the command line does: one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cacheroute.operator.cli.main import app
+
+runner = CliRunner()
+
+
+def test_status_of_a_sandbox_that_is_not_there_is_one_line_however_long(tmp_path: Path) -> None:
+    missing = tmp_path / ("a-state-directory-with-a-long-name-" * 4)
+    result = runner.invoke(app, ["sandbox", "status", "--state-dir", str(missing)], env={"COLUMNS": "60"})
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: no sandbox in ") and lines[0].endswith("start one with `cacheroute sandbox up`")
