@@ -68,6 +68,8 @@ MIN_PERIOD_S = 1.0
 # `kubectl apply -f examples/` does, would otherwise sit idle for the default five minutes.
 WAITING_RETRY_S = 15.0
 WAITING_REASONS = cond.WAITING | {cond.POOL_NOT_FOUND}
+# How often, between periods, a plan compares its pool's destinations with the last period's.
+POOL_CHECK_S = 10.0
 
 
 class EventSink(Protocol):
@@ -153,6 +155,10 @@ class PlanLoop:
         self.metrics = PlanMetrics(namespace, name)
         self._last_at: float | None = None
         self._last_generation: int | None = None
+        # The pool spec generation its status described at the last period, and when it was last
+        # looked at (None: no period read the pool yet).
+        self._pool_seen: tuple[int | None] | None = None
+        self._pool_checked_at = 0.0
 
     # --- scheduling --------------------------------------------------------------------------------
 
@@ -175,6 +181,24 @@ class PlanLoop:
         elif _waiting(status):
             period = min(period, WAITING_RETRY_S)
         return max(0.0, last + period - self.clock())
+
+    async def pool_changed(self, body: Mapping[str, Any]) -> bool:
+        """Whether the pool's status describes a newer spec than at the last period (scaled, say;
+        a pod that restarts is not a change): a scaled pool is planned for within seconds, not a
+        control period later, and only once its status lists the new destinations. Looked at no
+        more often than every `POOL_CHECK_S`; an unreadable pool counts as unchanged (the period
+        will say why)."""
+        now = self.clock()
+        if self._pool_seen is None or now - self._pool_checked_at < POOL_CHECK_S:
+            return False
+        self._pool_checked_at = now
+        pool_name = ((body.get("spec") or {}).get("poolRef") or {}).get("name")
+        try:
+            obj = await asyncio.to_thread(self.api.get_pool, self.namespace, str(pool_name))
+            pool = InferencePool.model_validate(obj) if obj is not None else None
+        except (ApiError, ValidationError):
+            return False
+        return pool is not None and _described_generation(pool) != self._pool_seen
 
     # --- one period ----------------------------------------------------------------------------------
 
@@ -239,11 +263,15 @@ class PlanLoop:
             pool = InferencePool.model_validate(pool_obj)
         except ValidationError as exc:
             return _not_planned(result, cond.INVALID_INPUT, f"InferencePool {pool_name}: {exc.errors()[0]['msg']}")
+        self._pool_seen, self._pool_checked_at = _described_generation(pool), self.clock()
         current = await self._timed(result, "read", read_current, self.api, self.namespace, pool_name)
         if current.error:
             log.warning("AffinityPlan %s/%s: the plan ConfigMaps hold no valid plan (%s)",
                         self.namespace, self.name, current.error)
         result.status["planVersion"] = current.version if current.plan is not None else None
+        if current.plan is not None and not len(current.plan) and spec.mode != "Shadow":
+            result.empty_in_effect = current.version
+            result.status["admittedKeys"] = 0  # the plan in effect's, until a candidate's replace it
         if current.plan is not None:
             self.metrics.in_effect(pool_name, current.version, len(current.plan))
         work = _Work(result, spec, pool, pool_obj, current, publish_allowed)
@@ -548,6 +576,10 @@ class PlanLoop:
     def forget(self) -> None:
         """Drop this AffinityPlan's metric series (it is gone, or this operator stops)."""
         self.metrics.forget()
+
+
+def _described_generation(pool: InferencePool) -> tuple[int | None]:
+    return (pool.status.observed_generation if pool.status is not None else None,)
 
 
 def _share(x: float) -> float:

@@ -42,6 +42,9 @@ class PeriodResult:
     candidate: Plan | None = None
     payload: PlanPayload | None = None
     verdict: GuardVerdict | None = None
+    # The version of the plan in effect when the period began, if that plan routes no key (the
+    # empty plan a pool starts with, or one that was withdrawn down to nothing).
+    empty_in_effect: str | None = None
 
     def finding(self, type_: str) -> Finding | None:
         return next((f for f in self.findings if f.type == type_), None)

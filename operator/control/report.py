@@ -34,6 +34,9 @@ def ready_finding(mode: str, result: PeriodResult, plan_version: str | None) -> 
     applied = result.finding(cond.APPLIED)
     if applied is not None and applied.reason == cond.POOL_CLAIMED:
         return Finding(cond.READY, False, cond.POOL_CLAIMED, applied.message)
+    if plan_version and plan_version == result.empty_in_effect:
+        return Finding(cond.READY, True, cond.PLAN_IN_EFFECT,
+                       f"plan {plan_version} is in effect, routing no key: every request goes as without a plan")
     if plan_version:
         return Finding(cond.READY, True, cond.PLAN_IN_EFFECT, f"plan {plan_version} is in effect")
     return Finding(cond.READY, False, cond.NO_PLAN, "no plan has been published yet")

@@ -63,7 +63,7 @@ async def control_loop(
     try:
         while not stopped:
             wait = loop.seconds_until_due(body)
-            if wait > 0:
+            if wait > 0 and not await loop.pool_changed(body):
                 await stopped.wait(min(wait, _WAKE_S))
                 continue
             await loop.run_period(body, publish_allowed=lambda: not stopped)

@@ -110,3 +110,19 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     plan = published_plan(kube_api, namespace, "llama")
     assert plan is not None and plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
     assert get_plan(kube_api, namespace, "pins")["status"]["planVersion"] == version
+
+
+def test_a_scaled_pool_is_planned_for_within_seconds_not_a_control_period_later(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool("llama", replicas=3)
+    pinned = [{"key": "tenant-a", "destinations": ["llama-2"]}]
+    create_plan(kube_api, namespace, plan_manifest("pins", "llama", mode="Manual", controlPeriod="1h", pinned=pinned))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Applied").get("status") == "True",
+             timeout=90, what="Applied=True")
+
+    # llama-2 goes: the pin names a destination the pool no longer has, seen at once.
+    env.scale("llama", 2)
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Planned").get("reason") == "InvalidPinned",
+             timeout=45, what="Planned=False InvalidPinned after the scale-down, well within the 1 h period")
+    assert "llama-2" in condition(get_plan(kube_api, namespace, "pins"), "Planned")["message"]

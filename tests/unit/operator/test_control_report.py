@@ -50,6 +50,18 @@ def test_a_plan_another_one_claimed_the_pool_from_is_not_ready_though_a_plan_is_
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", "PoolClaimed", claimed)
 
 
+def test_the_empty_plan_a_pool_starts_with_is_in_effect_and_says_it_routes_nothing() -> None:
+    waiting = PeriodResult("kept", 1, [Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, "none")],
+                           status={"planVersion": "e0", "admittedKeys": 0}, empty_in_effect="e0")
+    ready = next(c for c in new_status({}, waiting, mode="Auto", generation=1, now=2)["conditions"]
+                 if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "PlanInEffect") and "routing no key" in ready["message"]
+    applied = PeriodResult("applied", 1, status={"planVersion": "p1"}, empty_in_effect="e0")
+    ready = next(c for c in new_status({}, applied, mode="Auto", generation=1, now=2)["conditions"]
+                 if c["type"] == "Ready")
+    assert ready["message"] == "plan p1 is in effect"
+
+
 def test_shadow_is_ready_when_it_reported_a_candidate() -> None:
     result = PeriodResult("shadow", 1, [Finding(cond.PLANNED, True, "PlanComputed")])
     status = new_status({}, result, mode="Shadow", generation=None, now=2)
