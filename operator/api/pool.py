@@ -142,8 +142,8 @@ class RouterSpec(ApiModel):
         default=2,
         ge=0,
         le=64,
-        description="Router pods (any number make the same decisions; 0: none, clients or a GIE gateway reach "
-        "the engines directly).",
+        description="Router pods (any number make the same decisions; 0: none of the pool's own, for routers run "
+        "elsewhere, e.g. as sidecars).",
     )
     image: str | None = Field(default=None, max_length=512, description="Defaults to the operator's own image.")
     key_header: str = Field(

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,7 +49,7 @@ from cacheroute.operator.control.prometheus import (
     WindowMetrics,
 )
 from cacheroute.operator.control.promql import PoolSeries
-from cacheroute.operator.control.publish import CurrentPlan, publish, read_current
+from cacheroute.operator.control.publish import CurrentPlan, publish, read_current, read_writer
 from cacheroute.operator.control.report import SHADOW_PLANNED, events_to_post, iso, new_status
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.operator.fleet.names import MAX_PLAN_SHARDS
@@ -340,6 +341,8 @@ class PlanLoop:
         result.status["observedKvHit"] = None if observed is None else round(observed, 4)
         if keys and not window.total_requests > 0:
             message = f"no router requests of pool {w.pool_name} in the last {w.spec.metrics_window}"
+            if w.pool.spec.router.replicas == 0:
+                message += " (it runs no router of its own, spec.router.replicas being 0: Prometheus must scrape yours)"
             result.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, message))
             return False
         message = (
@@ -511,16 +514,18 @@ class PlanLoop:
         except PlanError as exc:
             return _not_planned(result, cond.INVALID_PLAN, str(exc))
         result.status["candidateVersion"] = payload.version
-        if await self._claimed(w):  # another plan may have published since the period began
-            return result
-        if not w.publish_allowed():
-            result.add(Finding(cond.APPLIED, False, "Stopping", "the AffinityPlan is being deleted"))
-            return result
-        try:
-            await self._timed(result, "publish", publish, self.api, w.pool_obj, payload, writer=self.name)
-        except (ApiError, PlanError) as exc:
+        # Plans of one pool publish one at a time, each after reading the writer afresh: another
+        # plan may have published since this period began, and the first to publish keeps the pool.
+        async with _publish_lock(self.namespace, w.pool_name):
+            if await self._claimed(w, fresh=True):
+                return result
+            if not w.publish_allowed():
+                result.add(Finding(cond.APPLIED, False, "Stopping", "the AffinityPlan is being deleted"))
+                return result
+            failure = await self._publish(w, payload)
+        if failure is not None:
             result.outcome = "failed"
-            message = f"plan {payload.version} could not be published: {exc}"
+            message = f"plan {payload.version} could not be published: {failure}"
             result.add(Finding(cond.APPLIED, False, cond.PUBLISH_FAILED, message),
                        Finding(cond.DEGRADED, True, cond.PUBLISH_FAILED, message))
             result.tell("Warning", cond.PUBLISH_FAILED, message)
@@ -539,10 +544,21 @@ class PlanLoop:
         result.tell("Normal" if reason == cond.PLAN_APPLIED else "Warning", reason, message)
         return result
 
-    async def _claimed(self, w: _Work) -> bool:
+    async def _publish(self, w: _Work, payload: PlanPayload) -> Exception | None:
+        try:
+            await self._timed(w.result, "publish", publish, self.api, w.pool_obj, payload, writer=self.name)
+        except (ApiError, PlanError) as exc:
+            return exc
+        return None
+
+    async def _claimed(self, w: _Work, *, fresh: bool = False) -> bool:
         """True (with the findings) when another AffinityPlan publishes this pool's plan: this one
-        then neither plans nor applies, whatever its candidate would be."""
-        owner = await asyncio.to_thread(self._other_writer, w)
+        then neither plans nor applies, whatever its candidate would be. `fresh`: read the
+        publisher from the ConfigMap now, not as the period began."""
+        writer = (
+            await asyncio.to_thread(read_writer, self.api, self.namespace, w.pool_name) if fresh else w.current.writer
+        )
+        owner = await asyncio.to_thread(self._other_writer, w.pool_name, writer)
         if owner is None:
             return False
         message = f"the plan of pool {w.pool_name} is published by AffinityPlan {owner}; this one is not applied"
@@ -551,15 +567,15 @@ class PlanLoop:
         w.result.tell("Warning", cond.POOL_CLAIMED, message)
         return True
 
-    def _other_writer(self, w: _Work) -> str | None:
-        """Another AffinityPlan that publishes this pool's plan (Auto or Manual), if any: the first
-        to publish keeps the pool until it is deleted, moved to Shadow or to another pool."""
-        writer = w.current.writer
+    def _other_writer(self, pool_name: str, writer: str | None) -> str | None:
+        """`writer`, when it is another AffinityPlan that publishes this pool's plan (Auto or
+        Manual): the first to publish keeps the pool until it is deleted, moved to Shadow or to
+        another pool."""
         if not writer or writer == self.name:
             return None
         other = self.api.get_plan(self.namespace, writer)
         spec = (other or {}).get("spec") or {}
-        claims = spec.get("mode", "Auto") != "Shadow" and (spec.get("poolRef") or {}).get("name") == w.pool_name
+        claims = spec.get("mode", "Auto") != "Shadow" and (spec.get("poolRef") or {}).get("name") == pool_name
         return writer if other is not None and claims else None
 
     # --- reporting ---------------------------------------------------------------------------------
@@ -580,6 +596,18 @@ class PlanLoop:
 
 def _described_generation(pool: InferencePool) -> tuple[int | None]:
     return (pool.status.observed_generation if pool.status is not None else None,)
+
+
+_PUBLISH_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _publish_lock(namespace: str, pool: str) -> asyncio.Lock:
+    """One lock per pool for every plan loop of this operator: they all run on its event loop,
+    and one operator replica acts at a time. (A lock belongs to one event loop.)"""
+    locks = _PUBLISH_LOCKS.setdefault(asyncio.get_running_loop(), {})
+    return locks.setdefault((namespace, pool), asyncio.Lock())
 
 
 def _share(x: float) -> float:

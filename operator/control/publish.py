@@ -40,6 +40,12 @@ class CurrentPlan:
     error: str | None = None  # set when the ConfigMaps hold something that is not a valid plan
 
 
+def read_writer(api: ControlApi, namespace: str, pool: str) -> str | None:
+    """The AffinityPlan that last published the pool's plan, as the header ConfigMap says now."""
+    head = api.read_configmap_files(namespace, configmap_name(pool, 0))
+    return None if head is None else head[1].get(WRITER_ANNOTATION)
+
+
 def read_current(api: ControlApi, namespace: str, pool: str) -> CurrentPlan:
     head = api.read_configmap_files(namespace, configmap_name(pool, 0))
     if head is None or not head[0]:

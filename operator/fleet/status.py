@@ -224,8 +224,8 @@ def verdicts(
         out["Ready"] = Verdict("False", "RouterNotReady", f"no router replica of {spec.router.replicas} is available")
     elif spec.router.replicas == 0:
         out["Ready"] = Verdict(
-            "True", "Ready", f"{ready}/{spec.replicas} replicas ready; no router (router.replicas is 0): "
-            "clients or a GIE gateway reach the engines directly"
+            "True", "Ready", f"{ready}/{spec.replicas} replicas ready; no router of its own (router.replicas is 0): "
+            "routers run elsewhere, or clients reach the engines directly"
         )
     else:
         out["Ready"] = Verdict("True", "Ready", f"{ready}/{spec.replicas} replicas ready, routable through the router")

@@ -126,3 +126,26 @@ def test_a_scaled_pool_is_planned_for_within_seconds_not_a_control_period_later(
     wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Planned").get("reason") == "InvalidPinned",
              timeout=45, what="Planned=False InvalidPinned after the scale-down, well within the 1 h period")
     assert "llama-2" in condition(get_plan(kube_api, namespace, "pins"), "Planned")["message"]
+
+
+def test_two_auto_plans_created_together_publish_one_and_the_other_is_claimed(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    env.fleet("llama").set_traffic(traffic)
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool("llama")
+    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    # Both first periods start at once and read the same (unclaimed) plan in effect.
+    for name in ("first", "second"):
+        create_plan(kube_api, namespace, plan_manifest(name, "llama", controlPeriod="1h", metricsWindow=f"{WINDOW}s",
+                                                        guard={"enabled": False}))
+
+    def settled() -> bool:
+        reasons = {condition(get_plan(kube_api, namespace, n), "Applied").get("reason") for n in ("first", "second")}
+        return reasons == {"PlanApplied", "PoolClaimed"}
+
+    wait_for(settled, timeout=90, what="one plan applied, the other claimed out, in their first periods")
+    winner = next(n for n in ("first", "second")
+                  if condition(get_plan(kube_api, namespace, n), "Applied")["reason"] == "PlanApplied")
+    head = client.CoreV1Api(kube_api).read_namespaced_config_map("llama-plan", namespace)
+    assert head.metadata.annotations["cacheroute.dev/affinity-plan"] == winner
