@@ -617,6 +617,16 @@ class ControlEnv:
         create_reconciled_pool(self.api, self.namespace, name, replicas)
         return await_destinations(self.api, self.namespace, name, replicas)
 
+    def serving(self, pool: str, keys: int, window_s: int) -> Traffic:
+        """An operator and `pool`, with Zipf traffic of `keys` keys (2,000-token prompts, 90 % shared)
+        through its routers, once Prometheus holds a window of `window_s` of it."""
+        traffic = zipf_traffic(keys, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+        self.fleet(pool).set_traffic(traffic)
+        self.operator(prometheus_url=self.prometheus_url)
+        self.pool(pool)
+        wait_for_window(self.prometheus_url, self.namespace, len(traffic.keys) + 2, window_s)
+        return traffic
+
     def scale(self, name: str, replicas: int) -> list[Destination]:
         from kubernetes import client
 

@@ -130,11 +130,7 @@ def test_after_shadow_a_rejected_candidate_leaves_the_figures_of_the_empty_plan_
     from kubernetes import client
 
     kube_api, namespace = env.api, env.namespace
-    traffic = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    env.fleet("llama").set_traffic(traffic)
-    env.operator(prometheus_url=env.prometheus_url)
-    env.pool("llama")
-    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    env.serving("llama", 40, WINDOW)
     create_plan(kube_api, namespace, plan_manifest("llama", "llama", mode="Shadow", controlPeriod="2s",
                                                    metricsWindow=f"{WINDOW}s"))
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "ShadowMode",

@@ -130,11 +130,7 @@ def test_a_scaled_pool_is_planned_for_within_seconds_not_a_control_period_later(
 
 def test_two_auto_plans_created_together_publish_one_and_the_other_is_claimed(env: ControlEnv) -> None:
     kube_api, namespace = env.api, env.namespace
-    traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    env.fleet("llama").set_traffic(traffic)
-    env.operator(prometheus_url=env.prometheus_url)
-    env.pool("llama")
-    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    env.serving("llama", 30, WINDOW)
     # Both first periods start at once and read the same (unclaimed) plan in effect.
     for name in ("first", "second"):
         create_plan(kube_api, namespace, plan_manifest(name, "llama", controlPeriod="1h", metricsWindow=f"{WINDOW}s",
