@@ -29,7 +29,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cacheroute.operator.cli.errors import report
+from cacheroute.operator.cli.errors import WORLD, fail
 
 KUBERNETES_VERSION = "v1.33.13"
 # The etcd release Kubernetes 1.33 is tested against (its etcd client is 3.5.21 too).
@@ -564,8 +564,7 @@ def ensure_command(
     try:
         found = ensure(components or None, jobs=jobs, console=console)
     except (BuildError, BinaryNotFoundError) as exc:
-        report(str(exc))
-        raise typer.Exit(1) from None
+        raise fail(str(exc), WORLD) from None
     for name, located in found.items():
         console.print(f"{name}: {located.path} ({located.source})", soft_wrap=True)
     if not components:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cacheroute.operator.cli.errors import report
+from cacheroute.operator.cli.errors import WORLD, fail
 from cacheroute.sandbox import binaries
 from cacheroute.sandbox.binaries import BinaryNotFoundError, BuildError
 from cacheroute.sandbox.network import LOOPBACK_NETWORK
@@ -38,11 +38,6 @@ def _state_dir(name: str, state_dir: Path | None) -> Path:
     from cacheroute.sandbox.cluster import default_state_dir
 
     return state_dir if state_dir is not None else default_state_dir(name)
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    report(str(exc))
-    return typer.Exit(1)
 
 
 def _print_status(sandbox: Sandbox, console: Console) -> None:
@@ -95,8 +90,7 @@ def up(
         try:
             parse_image_option(option)
         except ValueError as exc:
-            report(str(exc))
-            raise typer.Exit(2) from None
+            raise fail(str(exc)) from None
     runtime = PodRuntimeOptions(
         namespaces=tuple(runtime_namespace or ()),
         namespace_selector=runtime_namespace_selector,
@@ -123,7 +117,7 @@ def up(
                 options, report=lambda msg: status.update(f"{msg} ({time.monotonic() - started:.1f}s)")
             )
     except (SandboxError, StartError, BinaryNotFoundError, BuildError) as exc:
-        raise _fail(exc) from None
+        raise fail(str(exc), WORLD) from None
     console.print(f"sandbox {name!r} up in {sandbox.state.startup_seconds:.1f}s ({sandbox.state_dir})", soft_wrap=True)
     if sandbox.state.pod_network == LOOPBACK_NETWORK:
         console.print(
@@ -151,7 +145,7 @@ def down(
     try:
         shutdown(directory, keep_files=keep_files)
     except SandboxError as exc:
-        raise _fail(exc) from None
+        raise fail(str(exc), WORLD) from None
     console.print(f"sandbox in {directory} stopped", soft_wrap=True)
 
 
@@ -168,7 +162,7 @@ def status(
     try:
         sandbox = Sandbox.attach(_state_dir(name, state_dir))
     except SandboxError as exc:
-        raise _fail(exc) from None
+        raise fail(str(exc), WORLD) from None
     if as_json:
         rows = [row.__dict__ for row in sandbox.status()]
         typer.echo(
@@ -198,11 +192,9 @@ def emulator(ctx: typer.Context) -> None:
     try:
         serve_standalone(list(ctx.args), os.environ)
     except EmulatorArgsError as exc:
-        report(str(exc))
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     except OSError as exc:  # the address is taken, or not this machine's
-        report(f"cannot listen: {exc}")
-        raise typer.Exit(1) from None
+        raise fail(f"cannot listen: {exc}", WORLD) from None
 
 
 @app.command(
@@ -224,8 +216,7 @@ def isolate(ctx: typer.Context) -> None:
     try:
         command = isolate_command(args)
     except IsolationError as exc:
-        report(str(exc))
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     os.execv(command[0], command)
 
 

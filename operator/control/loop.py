@@ -156,10 +156,10 @@ class PlanLoop:
         self.metrics = PlanMetrics(namespace, name)
         self._last_at: float | None = None
         self._last_generation: int | None = None
-        # The pool spec generation its status described at the last period, and when it was last
-        # looked at (None: no period read the pool yet).
-        self._pool_seen: tuple[int | None] | None = None
-        self._pool_checked_at = 0.0
+        # The pool spec generation its status described at the last period, and when the pool was
+        # last looked at (None: no period has read it yet).
+        self._pool_generation: int | None = None
+        self._pool_checked_at: float | None = None
 
     # --- scheduling --------------------------------------------------------------------------------
 
@@ -190,7 +190,7 @@ class PlanLoop:
         more often than every `POOL_CHECK_S`; an unreadable pool counts as unchanged (the period
         will say why)."""
         now = self.clock()
-        if self._pool_seen is None or now - self._pool_checked_at < POOL_CHECK_S:
+        if self._pool_checked_at is None or now - self._pool_checked_at < POOL_CHECK_S:
             return False
         self._pool_checked_at = now
         pool_name = ((body.get("spec") or {}).get("poolRef") or {}).get("name")
@@ -199,7 +199,7 @@ class PlanLoop:
             pool = InferencePool.model_validate(obj) if obj is not None else None
         except (ApiError, ValidationError):
             return False
-        return pool is not None and _described_generation(pool) != self._pool_seen
+        return pool is not None and _described_generation(pool) != self._pool_generation
 
     # --- one period ----------------------------------------------------------------------------------
 
@@ -264,7 +264,7 @@ class PlanLoop:
             pool = InferencePool.model_validate(pool_obj)
         except ValidationError as exc:
             return _not_planned(result, cond.INVALID_INPUT, f"InferencePool {pool_name}: {exc.errors()[0]['msg']}")
-        self._pool_seen, self._pool_checked_at = _described_generation(pool), self.clock()
+        self._pool_generation, self._pool_checked_at = _described_generation(pool), self.clock()
         current = await self._timed(result, "read", read_current, self.api, self.namespace, pool_name)
         if current.error:
             log.warning("AffinityPlan %s/%s: the plan ConfigMaps hold no valid plan (%s)",
@@ -522,14 +522,15 @@ class PlanLoop:
             if not w.publish_allowed():
                 result.add(Finding(cond.APPLIED, False, "Stopping", "the AffinityPlan is being deleted"))
                 return result
-            failure = await self._publish(w, payload)
-        if failure is not None:
-            result.outcome = "failed"
-            message = f"plan {payload.version} could not be published: {failure}"
-            result.add(Finding(cond.APPLIED, False, cond.PUBLISH_FAILED, message),
-                       Finding(cond.DEGRADED, True, cond.PUBLISH_FAILED, message))
-            result.tell("Warning", cond.PUBLISH_FAILED, message)
-            return result
+            try:
+                await self._timed(result, "publish", publish, self.api, w.pool_obj, payload, writer=self.name)
+            except (ApiError, PlanError) as exc:
+                result.outcome = "failed"
+                message = f"plan {payload.version} could not be published: {exc}"
+                result.add(Finding(cond.APPLIED, False, cond.PUBLISH_FAILED, message),
+                           Finding(cond.DEGRADED, True, cond.PUBLISH_FAILED, message))
+                result.tell("Warning", cond.PUBLISH_FAILED, message)
+                return result
         result.outcome = "applied"
         result.status.update(figures, planVersion=payload.version, appliedAt=iso(self.clock()))
         self.metrics.in_effect(w.pool_name, payload.version, len(plan))
@@ -544,21 +545,11 @@ class PlanLoop:
         result.tell("Normal" if reason == cond.PLAN_APPLIED else "Warning", reason, message)
         return result
 
-    async def _publish(self, w: _Work, payload: PlanPayload) -> Exception | None:
-        try:
-            await self._timed(w.result, "publish", publish, self.api, w.pool_obj, payload, writer=self.name)
-        except (ApiError, PlanError) as exc:
-            return exc
-        return None
-
     async def _claimed(self, w: _Work, *, fresh: bool = False) -> bool:
         """True (with the findings) when another AffinityPlan publishes this pool's plan: this one
         then neither plans nor applies, whatever its candidate would be. `fresh`: read the
         publisher from the ConfigMap now, not as the period began."""
-        writer = (
-            await asyncio.to_thread(read_writer, self.api, self.namespace, w.pool_name) if fresh else w.current.writer
-        )
-        owner = await asyncio.to_thread(self._other_writer, w.pool_name, writer)
+        owner = await asyncio.to_thread(self._other_writer, w, fresh)
         if owner is None:
             return False
         message = f"the plan of pool {w.pool_name} is published by AffinityPlan {owner}; this one is not applied"
@@ -567,15 +558,15 @@ class PlanLoop:
         w.result.tell("Warning", cond.POOL_CLAIMED, message)
         return True
 
-    def _other_writer(self, pool_name: str, writer: str | None) -> str | None:
-        """`writer`, when it is another AffinityPlan that publishes this pool's plan (Auto or
-        Manual): the first to publish keeps the pool until it is deleted, moved to Shadow or to
-        another pool."""
+    def _other_writer(self, w: _Work, fresh: bool) -> str | None:
+        """Another AffinityPlan that publishes this pool's plan (Auto or Manual), if any: the first
+        to publish keeps the pool until it is deleted, moved to Shadow or to another pool."""
+        writer = read_writer(self.api, self.namespace, w.pool_name) if fresh else w.current.writer
         if not writer or writer == self.name:
             return None
         other = self.api.get_plan(self.namespace, writer)
         spec = (other or {}).get("spec") or {}
-        claims = spec.get("mode", "Auto") != "Shadow" and (spec.get("poolRef") or {}).get("name") == pool_name
+        claims = spec.get("mode", "Auto") != "Shadow" and (spec.get("poolRef") or {}).get("name") == w.pool_name
         return writer if other is not None and claims else None
 
     # --- reporting ---------------------------------------------------------------------------------
@@ -594,8 +585,8 @@ class PlanLoop:
         self.metrics.forget()
 
 
-def _described_generation(pool: InferencePool) -> tuple[int | None]:
-    return (pool.status.observed_generation if pool.status is not None else None,)
+def _described_generation(pool: InferencePool) -> int | None:
+    return pool.status.observed_generation if pool.status is not None else None
 
 
 _PUBLISH_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Lock]] = (

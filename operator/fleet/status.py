@@ -15,6 +15,7 @@ from typing import Any, Literal
 from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.fleet.memory import MemoryOutcome
 from cacheroute.operator.fleet.profiling_job import memory_plan_status
+from cacheroute.operator.fleet.statefulset import GPU_PRODUCT_LABEL
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 CONDITION_TYPES = ("Ready", "MemoryPlanned", "Progressing", "Degraded")
@@ -129,10 +130,6 @@ def destinations(pods: Iterable[PodFacts], replicas: int, port: int) -> list[dic
 _GPU_SHORTFALL_MARKS = ("Insufficient", "node affinity/selector")
 
 
-def _unschedulable(pods: Sequence[PodFacts]) -> list[PodFacts]:
-    return [p for p in pods if p.unschedulable]
-
-
 def _shortfall_reason(pod: PodFacts, spec: InferencePoolSpec) -> str:
     message = pod.unschedulable
     if spec.gpu.resource_name in message or any(mark in message for mark in _GPU_SHORTFALL_MARKS):
@@ -169,7 +166,7 @@ def verdicts(
             out["Degraded"] = Verdict("True", memory.state, message)
         return out
 
-    short = _unschedulable(pods)
+    short = [p for p in pods if p.unschedulable]
     failing = [p for p in pods if p.failing]
     updating = sts is not None and (
         not sts.settled
@@ -185,7 +182,7 @@ def verdicts(
             _shortfall_reason(short[0], spec),
             f"{len(short)} replica(s) cannot be scheduled ({names}): {detail}. Each needs "
             f"{spec.tensor_parallel_size} x {spec.gpu.resource_name} on one node labelled "
-            f"nvidia.com/gpu.product={spec.gpu.product}.",
+            f"{GPU_PRODUCT_LABEL}={spec.gpu.product}.",
         )
     elif failing:
         out["Degraded"] = Verdict(
