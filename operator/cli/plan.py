@@ -133,7 +133,10 @@ def parse_pins(pins: Sequence[str]) -> dict[str, list[str]]:
             raise CliInputError(f"--pin {pin!r} is not KEY=DEST[,DEST...]")
         if key in out:
             raise CliInputError(f"--pin names key {key!r} twice")
-        out[key] = [d.strip() for d in dests.split(",") if d.strip()]
+        named = [d.strip() for d in dests.split(",")]
+        if not all(named):
+            raise CliInputError(f"--pin {pin!r} has an empty destination (two commas in a row, or one at an end)")
+        out[key] = named
     return out
 
 

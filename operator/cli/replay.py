@@ -52,19 +52,23 @@ class ReplayInputError(ValueError):
 
 
 def parse_qps_list(text: str) -> list[float]:
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
+        raise ReplayInputError("--qps is empty")
+    if not all(parts):
+        # `1,,2` is a rate left out by mistake more often than a list written loosely.
+        raise ReplayInputError(f"--qps {text!r} has an empty item (two commas in a row, or one at an end)")
     out: list[float] = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
+    for part in parts:
         try:
             q = float(part)
         except ValueError:
-            raise ReplayInputError(f"--qps must be numbers separated by commas, got {part.strip()!r}") from None
-        if not (math.isfinite(q) and 0 < q <= MAX_QPS):
-            raise ReplayInputError(f"--qps values must be positive and at most {MAX_QPS:g}, got {part.strip()!r}")
+            raise ReplayInputError(f"--qps must be numbers separated by commas, got {part!r}") from None
+        if not math.isfinite(q):
+            raise ReplayInputError(f"--qps: {part} is not a finite number")
+        if not 0 < q <= MAX_QPS:
+            raise ReplayInputError(f"--qps values must be positive and at most {MAX_QPS:g}, got {part!r}")
         out.append(q)
-    if not out:
-        raise ReplayInputError("--qps is empty")
     return out
 
 

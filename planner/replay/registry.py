@@ -120,9 +120,12 @@ _CACHEROUTE_VARIANTS: dict[str, tuple[bool, str | None, RoutingSettings]] = {
 
 def policy_names(spec: str) -> list[str]:
     """Parse a comma-separated policy list (`all` for every policy)."""
+    raws = [raw.strip() for raw in spec.split(",")]
+    if any(raws) and not all(raws):
+        raise ValueError(f"policy list {spec!r} has an empty item (two commas in a row, or one at an end)")
     out: list[str] = []
-    for raw in spec.split(","):
-        name = raw.strip().lower()
+    for raw in raws:
+        name = raw.lower()
         if not name:
             continue
         if name == "all":
@@ -130,7 +133,7 @@ def policy_names(spec: str) -> list[str]:
             continue
         name = ALIASES.get(name, name)
         if name not in POLICIES:
-            raise ValueError(f"unknown policy {raw.strip()!r}; known: {', '.join(POLICIES)}")
+            raise ValueError(f"unknown policy {raw!r}; known: {', '.join(POLICIES)}")
         if name not in out:
             out.append(name)
     if not out:

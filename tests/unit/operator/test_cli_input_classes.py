@@ -175,7 +175,12 @@ def test_replay_durations_and_slo_out_of_range(tmp_path: Path) -> None:
     one_line_error(["replay", "--trace", str(trace), "--duration", "0.5", "--policies", "p2c"],
                    "at least two requests over a positive time")
     one_line_error(["replay", "--workload", "low-reuse", "--slo-p99-ttft", "inf", "--capacity"], "--slo-p99-ttft")
-    one_line_error(["replay", "--workload", "low-reuse", "--qps", "1e400"], "--qps")
+    one_line_error(["replay", "--workload", "low-reuse", "--qps", "1e400"], "--qps", "1e400 is not a finite number")
+    one_line_error(["replay", "--workload", "low-reuse", "--qps", "nan"], "--qps", "nan is not a finite number")
+    # A rate left out between two commas is refused, not skipped.
+    one_line_error(["replay", "--workload", "low-reuse", "--qps", "1,,2"], "--qps '1,,2' has an empty item")
+    one_line_error(["replay", "--workload", "low-reuse", "--qps", "1,"], "--qps '1,' has an empty item")
+    one_line_error(["replay", "--workload", "low-reuse", "--policies", "p2c,,cacheroute"], "has an empty item")
 
 
 # --- validate: what the API server would refuse --------------------------------------------------

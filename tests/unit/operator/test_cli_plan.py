@@ -229,6 +229,10 @@ def test_destinations_file_with_weights(stats_csv: Path, tmp_path: Path) -> None
             "names destination 'nowhere'",
         ),
         (
+            ["--stats", "{stats}", "--destinations", "2", "--budget-tokens", "9", "--pin", "alice=llama-0,,llama-1"],
+            "has an empty destination",
+        ),
+        (
             ["--stats", "{stats}", "--destinations", "2", "--budget-tokens", "9", "--max-key-share", "2"],
             "'--max-key-share': Input should be less than or equal to 1",
         ),
