@@ -87,6 +87,14 @@ class ControlApi:
         files = {k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()}
         return files, dict(cm.metadata.annotations or {})
 
+    def remove_configmap_annotation(self, namespace: str, name: str, key: str) -> None:
+        """Remove one annotation of a ConfigMap; nothing when the ConfigMap does not exist."""
+        try:
+            self.core.patch_namespaced_config_map(name, namespace, {"metadata": {"annotations": {key: None}}})
+        except self._exception as exc:
+            if exc.status != 404:
+                raise _fail(f"writing ConfigMap {namespace}/{name}", exc) from None
+
     def write_configmap_files(
         self,
         namespace: str,

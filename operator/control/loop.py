@@ -49,7 +49,7 @@ from cacheroute.operator.control.prometheus import (
     WindowMetrics,
 )
 from cacheroute.operator.control.promql import PoolSeries
-from cacheroute.operator.control.publish import CurrentPlan, publish, read_current, read_writer
+from cacheroute.operator.control.publish import CurrentPlan, publish, read_current, read_writer, release_writer
 from cacheroute.operator.control.report import SHADOW_PLANNED, events_to_post, iso, new_status
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.operator.fleet.names import MAX_PLAN_SHARDS
@@ -290,12 +290,14 @@ class PlanLoop:
         everyone = inputs.pool_destinations(w.pool, ready_only=False)
         if not everyone:
             return _not_planned(result, cond.POOL_NOT_READY, f"InferencePool {w.pool_name} lists no destination")
+        if w.spec.prometheus.url or self.settings.prometheus_url:
+            # For the observed KV hit only; read before the pins are checked, so that a period
+            # refusing them still reports this window's MetricsAvailable, not an older one's.
+            await self._observe(w, keys=False)
         unknown = inputs.unknown_pinned_destination(w.spec, {d.id for d in everyone})
         if unknown is not None:
             message = f"a pinned route names {unknown}, which is not a destination of InferencePool {w.pool_name}"
             return _not_planned(result, cond.INVALID_PINNED, message)
-        if w.spec.prometheus.url or self.settings.prometheus_url:
-            await self._observe(w, keys=False)  # for the observed KV hit only
         t0 = time.perf_counter()
         plan = manual_plan(
             w.spec,
@@ -579,6 +581,23 @@ class PlanLoop:
         await asyncio.to_thread(self.api.patch_plan_status, self.namespace, self.name, result.status)
         for event in to_post:
             self.events(event.kind, event.reason, event.message)
+
+    async def release(self, body: Mapping[str, Any]) -> None:
+        """This AffinityPlan is deleted: its pool's plan ConfigMaps stop naming it as their
+        publisher, so that none is named until another plan publishes (the routes stay)."""
+        pool = ((body.get("spec") or {}).get("poolRef") or {}).get("name")
+        if not isinstance(pool, str) or not pool:
+            return
+        async with _publish_lock(self.namespace, pool):
+            try:
+                released = await asyncio.to_thread(release_writer, self.api, self.namespace, pool, self.name)
+            except ApiError as exc:
+                log.warning("AffinityPlan %s/%s: the plan ConfigMaps of pool %s still name it (%s)",
+                            self.namespace, self.name, pool, exc)
+                return
+        if released:
+            log.info("AffinityPlan %s/%s deleted: the plan ConfigMaps of pool %s name no publisher now",
+                     self.namespace, self.name, pool)
 
     def forget(self) -> None:
         """Drop this AffinityPlan's metric series (it is gone, or this operator stops)."""

@@ -46,6 +46,15 @@ def read_writer(api: ControlApi, namespace: str, pool: str) -> str | None:
     return None if head is None else head[1].get(WRITER_ANNOTATION)
 
 
+def release_writer(api: ControlApi, namespace: str, pool: str, writer: str) -> bool:
+    """Stop naming `writer` as the pool's publisher (it is being deleted); the plan it published
+    stays in effect. False when another AffinityPlan, or none, is named."""
+    if read_writer(api, namespace, pool) != writer:
+        return False
+    api.remove_configmap_annotation(namespace, configmap_name(pool, 0), WRITER_ANNOTATION)
+    return True
+
+
 def read_current(api: ControlApi, namespace: str, pool: str) -> CurrentPlan:
     head = api.read_configmap_files(namespace, configmap_name(pool, 0))
     if head is None or not head[0]:

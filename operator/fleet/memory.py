@@ -38,6 +38,8 @@ from cacheroute.planner.memory import (
 )
 
 State = Literal["Planned", "DoesNotFit", "Profiling", "ProfilingFailed", "InvalidModel"]
+# No replica starts from these until the spec (or the model's ConfigMap) changes.
+STOPPED_STATES: frozenset[State] = frozenset({"DoesNotFit", "ProfilingFailed", "InvalidModel"})
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.config import OperatorConfig
 from cacheroute.operator.fleet import gie, names, pdb, planmap, router, services, statefulset, status
 from cacheroute.operator.fleet.cluster import Cluster, KubeError
-from cacheroute.operator.fleet.memory import MemoryOutcome, decide
+from cacheroute.operator.fleet.memory import STOPPED_STATES, MemoryOutcome, decide
 from cacheroute.operator.fleet.profiles import ClusterMemoryInputs
 
 log = logging.getLogger("cacheroute.operator.fleet")
@@ -64,8 +64,16 @@ class DesiredObjects:
 
 
 def desired_objects(
-    pool: names.PoolRef, spec: InferencePoolSpec, memory: MemoryOutcome, config: OperatorConfig
+    pool: names.PoolRef,
+    spec: InferencePoolSpec,
+    memory: MemoryOutcome,
+    config: OperatorConfig,
+    *,
+    engine_exists: bool = True,
 ) -> DesiredObjects:
+    """`engine_exists`: a StatefulSet of the pool is there (perhaps of an earlier spec)."""
+    # A pool that cannot start and has no replicas left to serve runs no router either.
+    idle = memory.state in STOPPED_STATES and not engine_exists
     engine: list[dict[str, Any]] = []
     if memory.planned and memory.plan is not None:
         engine.append(statefulset.build_statefulset(pool, spec, memory.plan, config.engine))
@@ -77,7 +85,7 @@ def desired_objects(
             router.build_service_account(pool),
             router.build_role(pool),
             router.build_role_binding(pool),
-            router.build_deployment(pool, spec, config, memory.plan if memory.planned else None),
+            router.build_deployment(pool, spec, config, memory.plan if memory.planned else None, idle=idle),
             services.build_router_service(pool),
         ],
         create_only=planmap.build_plan_configmaps(pool, spec),
@@ -170,11 +178,12 @@ class Reconciler:
         emit: EventSink,
     ) -> None:
         installed = self.cluster.serves(gie.GIE_GROUP, gie.GIE_VERSION, gie.GIE_PLURAL)
-        mem.gie_missing = obj is not None and not installed
+        was_missing, mem.gie_missing = mem.gie_missing, obj is not None and not installed
         if obj is not None:
             if installed:
                 self.cluster.apply(obj)
-            elif mem.gie_checked_generation != mem.applied_generation:
+            elif not was_missing:
+                # Told when it starts; while it lasts the Degraded condition says it.
                 emit("Warning", "GIENotInstalled",
                      "spec.gie.enabled but the inference.networking.k8s.io/v1 InferencePool CRD is not installed")
         elif installed and mem.gie_checked_generation != mem.applied_generation:
@@ -213,7 +222,8 @@ class Reconciler:
         """The other owned objects (when `full` or the spec changed), then the status if it changed."""
         if full or mem.applied_generation != generation:
             mem.applied_generation = generation
-            self._apply_rest(pool, spec, desired_objects(pool, spec, memory, self.config), mem, emit)
+            desired = desired_objects(pool, spec, memory, self.config, engine_exists=facts.statefulset is not None)
+            self._apply_rest(pool, spec, desired, mem, emit)
         return self.write_status(
             pool, spec, generation, memory=memory, facts=facts, previous_status=previous_status, mem=mem, emit=emit
         )

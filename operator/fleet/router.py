@@ -133,9 +133,15 @@ def envoy_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorCon
 
 
 def build_deployment(
-    pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorConfig, memory_plan: MemoryPlan | None = None
+    pool: names.PoolRef,
+    spec: InferencePoolSpec,
+    config: OperatorConfig,
+    memory_plan: MemoryPlan | None = None,
+    *,
+    idle: bool = False,
 ) -> dict[str, Any]:
-    """The router Deployment; `memory_plan` is the replicas' (None while it is not decided)."""
+    """The router Deployment; `memory_plan` is the replicas' (None while it is not decided).
+    `idle`: the pool has no engine to route to and will have none until it is fixed (no replica)."""
     r = config.router
     image = spec.router.image or r.image
     picker = {
@@ -183,7 +189,7 @@ def build_deployment(
         "kind": "Deployment",
         "metadata": names.metadata(pool, pool.router, "router"),
         "spec": {
-            "replicas": spec.router.replicas,
+            "replicas": 0 if idle else spec.router.replicas,
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": names.selector(pool, "router")},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},

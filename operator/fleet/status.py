@@ -160,7 +160,9 @@ def verdicts(
             out["Progressing"] = Verdict("True", "Profiling", memory.message)
             out["Degraded"] = Verdict("False", "AsExpected", "")
         else:
-            message = memory.message if not sts else memory.message + " (the running replicas are left as they are)"
+            message = memory.message + (
+                " (the running replicas are left as they are)" if sts else " (no engine or router pod runs meanwhile)"
+            )
             out["Ready"] = Verdict("False", memory.state, message)
             out["Progressing"] = Verdict("False", memory.state, "nothing to do until the spec changes")
             out["Degraded"] = Verdict("True", memory.state, message)

@@ -67,5 +67,7 @@ async def control_loop(
                 await stopped.wait(min(wait, _WAKE_S))
                 continue
             await loop.run_period(body, publish_allowed=lambda: not stopped)
+        if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+            await loop.release(body)
     finally:
         loop.forget()

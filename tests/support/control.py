@@ -378,6 +378,20 @@ def get_plan(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
     return obj
 
 
+def plan_exists(api_client: Any, namespace: str, name: str) -> bool:
+    from kubernetes import client
+
+    try:
+        client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "affinityplans", name
+        )
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def condition(plan: Mapping[str, Any], type_: str) -> dict[str, Any]:
     for c in (plan.get("status") or {}).get("conditions") or []:
         if c["type"] == type_:

@@ -14,6 +14,7 @@ from tests.support.control import (
     create_plan,
     events,
     get_plan,
+    plan_exists,
     plan_files,
     plan_manifest,
     published_plan,
@@ -107,9 +108,23 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     )
     wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Planned").get("reason") == "InvalidPinned",
              timeout=60, what="Planned=False InvalidPinned")
+    refused = get_plan(kube_api, namespace, "pins")
+    # The period that refused the pins read this window too: MetricsAvailable is its, not an older one's.
+    assert condition(refused, "MetricsAvailable")["observedGeneration"] == refused["metadata"]["generation"]
     plan = published_plan(kube_api, namespace, "llama")
     assert plan is not None and plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
     assert get_plan(kube_api, namespace, "pins")["status"]["planVersion"] == version
+
+    # Deleted, the plan names itself no more as the pool's publisher; its routes stay in effect.
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "pins"
+    )
+    wait_for(lambda: not plan_exists(kube_api, namespace, "pins"), timeout=60, what="the AffinityPlan gone")
+    head = client.CoreV1Api(kube_api).read_namespaced_config_map("llama-plan", namespace)
+    assert "cacheroute.dev/affinity-plan" not in (head.metadata.annotations or {})
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None and plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
+
 
 
 def test_a_scaled_pool_is_planned_for_within_seconds_not_a_control_period_later(env: ControlEnv) -> None:

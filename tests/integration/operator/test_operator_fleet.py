@@ -289,9 +289,13 @@ def test_a_model_that_does_not_fit_is_degraded_with_the_arithmetic_and_starts_no
 
     apps, core = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api)
 
+    assert "no engine or router pod runs meanwhile" in degraded["message"]
+
     def nothing_started() -> None:
         assert not apps.list_namespaced_stateful_set(fleet.namespace).items
         assert not engine_pods(core, fleet.namespace, "big")
+        # Nor a router: there is nothing to route to.
+        assert apps.read_namespaced_deployment("big-router", fleet.namespace).spec.replicas == 0
         assert fleet.operator.alive()
 
     # Several status ticks and a resync pass: still nothing, no crash, no retry storm.

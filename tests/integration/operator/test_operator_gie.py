@@ -13,7 +13,7 @@ from cacheroute.sandbox.cluster import Sandbox
 from cacheroute.sandbox.crds import apply_crds
 from tests.integration.operator.conftest import Fleet
 from tests.support.gie import GROUP, gie_inferencepool_crd
-from tests.support.operator import LLAMA_70B_FP8_TP2, until
+from tests.support.operator import LLAMA_70B_FP8_TP2, sleep_observing, until
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +49,11 @@ def serves_gie(kube_api: Any) -> bool:
     return any(r.name == "inferencepools" for r in found.resources)
 
 
+def _told_once(fleet: Fleet, reason: str) -> None:
+    told = fleet.operator.events(reason, "llama")
+    assert len(told) == 1, [r.get("message") for r in told]
+
+
 def test_a_pool_published_to_gie_without_its_crds_is_degraded_until_they_come(
     sandbox: Sandbox, fleet: Fleet, kube_api: Any
 ) -> None:
@@ -57,6 +62,11 @@ def test_a_pool_published_to_gie_without_its_crds_is_degraded_until_they_come(
     degraded = fleet.pools.await_condition("llama", "Degraded", "True", "GIENotInstalled", timeout=120)
     assert "spec.gie.enabled to false" in degraded["message"]
     fleet.pools.await_condition("llama", "Ready", "True", timeout=120)  # its own routers serve it
+    # A spec change while the CRD is still missing is applied, and the Event is not told again.
+    fleet.pools.patch_spec("llama", {"replicas": 3})
+    fleet.pools.await_status("llama", lambda s: s.get("observedGeneration") == 2, "the new spec observed")
+    # The pass logs its Events just after it writes the status: watch a moment longer.
+    sleep_observing(2.0, lambda: _told_once(fleet, "GIENotInstalled"))
     # Once the CRDs are there (the operator rediscovers them within its 30 s cache), the pool is published.
     crd = gie_inferencepool_crd()
     apply_crds(sandbox.api_client(), [crd])

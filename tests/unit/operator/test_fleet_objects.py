@@ -103,6 +103,25 @@ def test_no_statefulset_without_a_memory_plan() -> None:
     assert [o["kind"] for o in objects.engine] == ["Service"]
 
 
+def router_replicas(objects: Any) -> int:
+    deployment = next(o for o in objects.apply if o["kind"] == "Deployment")
+    return int(deployment["spec"]["replicas"])
+
+
+@pytest.mark.parametrize("state", ["DoesNotFit", "ProfilingFailed", "InvalidModel"])
+def test_a_pool_that_cannot_start_runs_no_router_unless_replicas_of_an_earlier_spec_serve(state: str) -> None:
+    stopped = MemoryOutcome(state, "cannot start")  # type: ignore[arg-type]
+    assert router_replicas(desired_objects(POOL, SPEC, stopped, CONFIG, engine_exists=False)) == 0
+    assert router_replicas(desired_objects(POOL, SPEC, stopped, CONFIG, engine_exists=True)) == SPEC.router.replicas
+
+
+def test_routers_run_while_the_replicas_are_planned_or_profiled() -> None:
+    assert SPEC.router.replicas > 0
+    for outcome in (MemoryOutcome("Planned", "", plan=PLAN), MemoryOutcome("Profiling", "measuring")):
+        objects = desired_objects(POOL, SPEC, outcome, CONFIG, engine_exists=False)
+        assert router_replicas(objects) == SPEC.router.replicas
+
+
 def test_services_select_engines_and_routers() -> None:
     headless = services.build_headless_service(POOL, SPEC)
     assert headless["spec"]["clusterIP"] == "None"

@@ -112,6 +112,10 @@ def test_a_pool_that_does_not_fit_is_degraded_and_not_progressing() -> None:
     assert (v["MemoryPlanned"].status, v["MemoryPlanned"].reason) == ("False", "DoesNotFit")
     assert (v["Degraded"].status, v["Ready"].status, v["Progressing"].status) == ("True", "False", "False")
     assert "97.78 GiB missing" in v["Degraded"].message
+    assert "no engine or router pod runs meanwhile" in v["Degraded"].message
+    # A spec change that does not fit leaves the replicas of the earlier spec serving, and says so.
+    earlier = verdicts(SPEC, outcome, FleetFacts([pod(0), pod(1)], workload(2, 2), ROUTER))
+    assert "the running replicas are left as they are" in earlier["Degraded"].message
 
 
 def test_profiling_is_unknown_then_failure_is_degraded() -> None:
