@@ -412,6 +412,14 @@ def register(app: typer.Typer) -> None:
             float,
             typer.Option("--decode-s-per-token", min=0.0, max=1.0, help="Cost model: decode seconds per output token."),
         ] = CostModel.decode_s_per_token,
+        host_copy_s: Annotated[
+            float,
+            typer.Option(
+                "--host-copy-s-per-token", min=0.0, max=1.0,
+                help="Cost model: seconds to copy one token of KV back from the host-memory tier (a prefix held "
+                "there is valued net of it; 0 values it as on the GPU).",
+            ),
+        ] = CostModel.host_copy_s_per_token,
         name: Annotated[
             str | None, typer.Option("--name", help="AffinityPlan name for -o yaml (default: pool).")
         ] = None,
@@ -461,7 +469,9 @@ def register(app: typer.Typer) -> None:
                     pool=pool,
                     budget=budget,
                     stability=Stability(max_churn=max_churn, min_gain=min_gain),
-                    cost=CostModel(prefill_s_per_token=prefill_s, decode_s_per_token=decode_s),
+                    cost=CostModel(
+                        prefill_s_per_token=prefill_s, decode_s_per_token=decode_s, host_copy_s_per_token=host_copy_s
+                    ),
                     previous=prev,
                     pinned=pins,
                     generated_at=generated_at or datetime.now(UTC).isoformat(timespec="seconds"),

@@ -16,6 +16,7 @@ import numpy as np
 
 from cacheroute.operator.api.pool import RouterSpec
 from cacheroute.planner.keystats import KeyStats
+from cacheroute.planner.load import CostModel
 from cacheroute.planner.plan import Plan
 from cacheroute.planner.replay.guard import GuardSettings, GuardVerdict, guard_from_stats
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
@@ -58,6 +59,13 @@ def engine_profile(kv_capacity_tokens: int, host_kv_capacity_tokens: int = 0) ->
     if host_kv_capacity_tokens > 0:
         profile = replace(profile, host_kv_capacity_tokens=host_kv_capacity_tokens)
     return profile
+
+
+def plan_cost(kv_capacity_tokens: int, host_kv_capacity_tokens: int) -> CostModel:
+    """The planner's cost model on the guard's engine: a prefix held in the host-memory tier is
+    valued net of the copy back, as the replay's CacheRoute values it."""
+    copy = engine_profile(kv_capacity_tokens, host_kv_capacity_tokens).host_copy_s_per_token
+    return CostModel(host_copy_s_per_token=copy)
 
 
 def run_guard(

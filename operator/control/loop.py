@@ -37,7 +37,7 @@ from cacheroute.operator.api.pool import InferencePool
 from cacheroute.operator.control import conditions as cond
 from cacheroute.operator.control import inputs
 from cacheroute.operator.control.conditions import Finding
-from cacheroute.operator.control.guard import routing_of, run_guard
+from cacheroute.operator.control.guard import plan_cost, routing_of, run_guard
 from cacheroute.operator.control.kube import ApiError, ControlApi
 from cacheroute.operator.control.metrics import PlanMetrics
 from cacheroute.operator.control.period import EventKind, PeriodResult, pct, seconds_text, verdict_text
@@ -428,6 +428,7 @@ class PlanLoop:
                 pool=w.pool_name,
                 budget=inputs.budget(w.spec),
                 stability=inputs.stability(w.spec),
+                cost=plan_cost(ready[0].kv_capacity_tokens, ready[0].host_kv_capacity_tokens),
                 previous=w.current.plan,
                 pinned=pins,
                 generated_at=iso(result.evaluated_at),

@@ -267,3 +267,23 @@ def test_stats_file_round_trip_and_errors() -> None:
         parse_stats('{"key": "a", "rate": 1, "prompt_tokens": 2, "prefix_tokens": 3, "output_tokens": 1}\n')
     with pytest.raises(ValueError, match="a second row without key"):
         parse_stats("key,rate,prompt_tokens,prefix_tokens,output_tokens\n,1,2,0,1\n,1,2,0,1\n")
+
+
+def test_a_host_tier_is_worth_less_warm_budget_when_its_copy_back_costs(tmp_path: Path) -> None:
+    stats = tmp_path / "stats.csv"
+    stats.write_text(format_stats_csv(synthetic_key_stats(SyntheticStatsSpec(keys=2_000, seed=3))))
+    dfile = tmp_path / "dests.yaml"
+    dfile.write_text(yaml.safe_dump({"destinations": [
+        {"id": f"llama-{i}", "address": f"10.0.0.{i}:8000", "kvCapacityTokens": 20_000,
+         "hostKvCapacityTokens": 400_000}
+        for i in range(4)
+    ]}))
+
+    def admitted(*cost: str) -> int:
+        code, out = invoke("--stats", str(stats), "--destinations-file", str(dfile), "-o", "json", *cost)
+        assert code == 0, out
+        return len(decode_plan(files_of(json.loads(out))).routes())
+
+    free, priced = admitted(), admitted("--host-copy-s-per-token", "0.00007")  # half the default prefill
+    # Host-held prefixes saving half as much, the same warm capacity admits fewer keys.
+    assert 0 < priced < free

@@ -10,7 +10,7 @@ import pytest
 
 from cacheroute.operator.api.plan import AffinityPlanSpec
 from cacheroute.operator.api.pool import RouterSpec
-from cacheroute.operator.control.guard import engine_profile, restrict_plan, routing_of
+from cacheroute.operator.control.guard import engine_profile, plan_cost, restrict_plan, routing_of
 from cacheroute.operator.control.loop import PlanLoop, encode_checked
 from cacheroute.operator.control.metrics import PLAN_INFO, PlanMetrics
 from cacheroute.operator.control.plans import check_payload, manual_plan, pinned_only, same_routing
@@ -163,3 +163,11 @@ def test_a_withdrawn_plan_keeps_its_pinned_routes_alone() -> None:
     assert kept.routes() == {2: ("p-1", "p-2")}
     assert list(kept.pinned_keys) == [2] and kept.summary.reason == "withdrawn"
     assert kept.destinations == with_pin.destinations and len(pinned_only(computed, "none")) == 0
+
+
+def test_the_operator_values_a_host_held_prefix_net_of_its_copy_back_as_the_replay_does() -> None:
+    assert plan_cost(500_000, 0).host_value == 1.0
+    profile = engine_profile(500_000, 4_000_000)
+    cost = plan_cost(500_000, 4_000_000)
+    assert cost.host_copy_s_per_token == profile.host_copy_s_per_token > 0
+    assert 0.9 < cost.host_value < 1.0  # a copy back costs a few percent of the prefill it saves
