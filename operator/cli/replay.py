@@ -134,6 +134,14 @@ def _unmet_note(policy: str, cap: CapacityResult, slo: float) -> str:
     )
 
 
+def _unbounded_note(policy: str, cap: CapacityResult, requests: int, slo: float) -> str:
+    return (
+        f"{policy}: capacity at least {cap.qps:.3g} QPS, not bounded by this trace: its {requests:,} requests "
+        f"arriving within {slo:g} s still meet p99 TTFT <= {slo:g} s. Replay a longer window (--duration) or "
+        "fewer --destinations."
+    )
+
+
 def _table(rows: list[dict[str, Any]], capacity: bool, slo: float) -> Table:
     t = Table(title="replay" + (f" — capacity at p99 TTFT <= {slo:g}s" if capacity else ""))
     t.add_column("policy", no_wrap=True)
@@ -142,14 +150,14 @@ def _table(rows: list[dict[str, Any]], capacity: bool, slo: float) -> Table:
         t.add_column(col, justify="right")
     for r in rows:
         m: ReplayMetrics | None = r["metrics"]
-        q = r["qps"]
+        q = _fmt(r["qps"]) if r.get("bounded", True) else f">= {_fmt(r['qps'])}"
         if m is None:
-            t.add_row(r["policy"], _fmt(q), *["-"] * 7)
+            t.add_row(r["policy"], q, *["-"] * 7)
             continue
         late = m.aborted or m.ttft_p99_s > slo
         p99 = _fmt(m.ttft_p99_s)
         t.add_row(
-            r["policy"], _fmt(q), _fmt(m.kv_hit, pct=True), _fmt(m.ttft_p50_s),
+            r["policy"], q, _fmt(m.kv_hit, pct=True), _fmt(m.ttft_p50_s),
             f"[red]{p99}[/]" if late else p99, _fmt(m.e2e_p50_s), _fmt(m.e2e_p99_s),
             _fmt(m.load_cv_busy), _fmt(m.load_cv_tokens),
         )
@@ -314,7 +322,7 @@ def register(app: typer.Typer) -> None:
         curves: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         hits: dict[str, float] = {}
         results: list[dict[str, Any]] = []
-        unmet: list[str] = []
+        notes: list[str] = []
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
             runs = bar.add_task("policies", total=len(names) * (len(rates) if rates else 1))
@@ -335,11 +343,13 @@ def register(app: typer.Typer) -> None:
                     cap: CapacityResult = find_capacity(
                         tr, factory(name), cfg, slo_p99_ttft_s=slo_p99_ttft, start_qps=own, on_probe=record,
                     )
-                    rows.append({"policy": name, "qps": cap.qps, "metrics": cap.best})
+                    rows.append({"policy": name, "qps": cap.qps, "metrics": cap.best, "bounded": cap.bounded})
+                    if not cap.bounded:
+                        notes.append(_unbounded_note(name, cap, len(tr), slo_p99_ttft))
                     if cap.best is not None:
                         hits[name] = cap.best.kv_hit
                     elif cap.probes:
-                        unmet.append(_unmet_note(name, cap, slo_p99_ttft))
+                        notes.append(_unmet_note(name, cap, slo_p99_ttft))
                     results.append(cap.to_dict())
                     bar.advance(runs)
                     continue
@@ -355,7 +365,7 @@ def register(app: typer.Typer) -> None:
                     bar.advance(runs)
 
         console.print(_table(rows, capacity, slo_p99_ttft))
-        for note in unmet:
+        for note in notes:
             console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         if out is not None:
             report = {

@@ -3,7 +3,9 @@
 The trace is replayed time-scaled (`RequestTrace.time_scaled`): the same requests, arriving
 faster or slower. The search brackets the capacity by doubling or halving from a start rate,
 then bisects until the bracket is within `rel_tol`. Replays that cannot pass any more stop early
-(`ReplayConfig.abort_above_p99_ttft_s`), which makes overloaded probes cheap.
+(`ReplayConfig.abort_above_p99_ttft_s`), which makes overloaded probes cheap. A trace too short to
+load the fleet (every request arriving within the SLO still meets it) bounds nothing: the search
+stops there and reports that rate as a lower bound (`bounded` False), not a capacity.
 """
 
 from __future__ import annotations
@@ -31,18 +33,21 @@ class Probe:
 @dataclass(frozen=True)
 class CapacityResult:
     """`qps` is the highest passing rate found (0 when even the lowest probe failed);
-    `best` is the replay at that rate."""
+    `best` is the replay at that rate. `bounded` False: no rate failed, the trace being too short
+    to load the fleet, so `qps` is only a lower bound of the capacity."""
 
     policy: str
     qps: float
     slo_p99_ttft_s: float
     probes: list[Probe] = field(default_factory=list)
     best: ReplayMetrics | None = None
+    bounded: bool = True
 
     def to_dict(self) -> dict[str, object]:
         return {
             "policy": self.policy,
             "capacity_qps": self.qps,
+            "bounded": self.bounded,
             "slo_p99_ttft_s": self.slo_p99_ttft_s,
             "best": self.best.to_dict() if self.best is not None else None,
             "probes": [
@@ -109,6 +114,8 @@ def find_capacity(
             else:
                 hi = p
         else:
+            if len(trace) / lo.qps <= slo_p99_ttft_s:
+                break  # the whole trace arrives within the SLO and still meets it: faster bounds nothing
             p = probe(lo.qps * 2)
             if p.passed:
                 lo = p
@@ -126,5 +133,6 @@ def find_capacity(
         slo_p99_ttft_s=slo_p99_ttft_s,
         probes=probes,
         best=lo.metrics if lo is not None else None,
+        bounded=lo is None or hi is not None,
     )
 

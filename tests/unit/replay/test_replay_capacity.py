@@ -46,6 +46,16 @@ def test_capacity_grows_with_destinations(workload) -> None:
     assert four.qps > 1.5 * two.qps
 
 
+def test_a_trace_too_short_to_load_the_fleet_gives_a_lower_bound_not_a_capacity(workload) -> None:
+    short = workload.window(0.0, 6.0)  # about 60 requests, far too few to load 8 destinations
+    res = find_capacity(short, PowerOfTwo, ReplayConfig(destinations=8), slo_p99_ttft_s=10.0, rel_tol=0.05)
+    assert not res.bounded and all(p.passed for p in res.probes)
+    # It stops once the whole trace arrives within the SLO, rather than doubling to absurd rates.
+    assert len(short) / res.qps <= 10.0 < len(short) / (res.qps / 2)
+    assert res.to_dict()["bounded"] is False
+    assert find_capacity(workload, PowerOfTwo, ReplayConfig(destinations=2), slo_p99_ttft_s=2.0).bounded
+
+
 def _plan(routes: dict[str, list[int]], n: int):
     ds = [Destination(id=d) for d in destination_ids(n)]
     return plan_from_routes("pool", ds, {affinity_key_hash(k): [ds[d].id for d in v] for k, v in routes.items()})

@@ -63,6 +63,17 @@ def test_capacity_search_on_a_generated_workload(tmp_path: Path) -> None:
     assert report["workload_stats"]["requests"] > 100
 
 
+def test_a_trace_too_short_to_bound_the_capacity_reports_a_lower_bound_and_why(tmp_path: Path) -> None:
+    res = runner.invoke(make_app(), [
+        "replay", "--workload", "sampled", "--seed", "4242", "--duration", "60", "--destinations", "8",
+        "--policies", "gie-prefix", "--capacity", "--slo-p99-ttft", "5", "--out", str(tmp_path),
+    ], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    cap = json.loads((tmp_path / "replay.json").read_text())["results"][0]
+    assert cap["bounded"] is False and 0 < cap["capacity_qps"] < 1_000  # not millions of requests a second
+    assert ">= " in res.output and "not bounded by this trace" in res.output and "--duration" in res.output
+
+
 def test_a_capacity_of_zero_says_that_not_even_the_lowest_rate_met_the_objective() -> None:
     res = runner.invoke(make_app(), [
         "replay", "--workload", "low-reuse", "--duration", "30", "--destinations", "4", "--policies", "p2c",
