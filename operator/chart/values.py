@@ -216,7 +216,10 @@ class ServiceMonitor(_Values):
 class PodMonitor(_Values):
     enabled: bool = Field(
         default=False,
-        description="PodMonitors (Prometheus Operator) for every pool's vLLM pods and routers, in all namespaces.",
+        description=(
+            "PodMonitors (Prometheus Operator) for every pool's vLLM pods and routers, in the served "
+            "namespaces (every namespace with operator.watch.allNamespaces)."
+        ),
     )
     namespace: str = Field(default="", description="Where they are created; empty means the release namespace.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels your Prometheus selects monitors by.")

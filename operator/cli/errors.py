@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import sys
 from typing import Any
 
@@ -30,6 +31,8 @@ WORLD = 1
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 _CLICK_EXCEPTION: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 # Errors that mean an input path is wrong rather than the machine.
+# The head of click's "Invalid value for '--x' (env var: 'X'): problem", up to the problem.
+_PARAM_HINT = re.compile(r"^(.*?'(?: \(env var: '[^']*'\))?): ")
 _INPUT_ERRNOS = frozenset((errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EEXIST, errno.ENAMETOOLONG))
 
 
@@ -105,7 +108,8 @@ class CommandLine(TyperGroup):
             message = exc.format_message()  # type: ignore[attr-defined]
             bad = non_finite_value(self._argv, getattr(exc, "param", None))
             if bad is not None:
-                message = f"{message.partition(': ')[0]}: {bad} is not a finite number"
+                hint = _PARAM_HINT.match(message)
+                message = f"{hint.group(1) if hint else message.partition(': ')[0]}: {bad} is not a finite number"
             report(f"{ctx.command_path}: {message}" if ctx is not None else message)
             return USAGE
         if isinstance(exc, _CLICK_EXCEPTION):

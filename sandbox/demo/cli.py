@@ -17,7 +17,7 @@ err = Console(stderr=True)
 
 
 def demo(  # noqa: PLR0917 - one parameter per option
-    out: Annotated[Path, typer.Option("--out", "-o", file_okay=False, help="Folder for demo.json and plots.")] = Path(
+    out: Annotated[Path, typer.Option("--out", "-o", file_okay=False, help="Folder for loop.json and plots.")] = Path(
         "demo"
     ),
     short: Annotated[

@@ -1,5 +1,5 @@
 """What the demo prints and writes: the two phases side by side, the status tables, the
-replay's prediction against the loop, and `demo.json` with every figure."""
+replay's prediction against the loop, and `loop.json` with every figure."""
 
 from __future__ import annotations
 

@@ -179,6 +179,8 @@ def test_bad_numbers_are_refused_in_one_line(path: str, option: str, value: str,
     if value in ("nan", "inf", "-inf") and option.startswith("-"):
         # Not "should be at most N": a NaN is not above any bound.
         assert f"{value} is not a finite number" in result.stderr, result.stderr
+        if "(env var: " in result.stderr:  # the option's environment variable named whole
+            assert f"'): {value} is not a finite number" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(("path", "option", "value"), list(path_cases()))
