@@ -55,7 +55,14 @@ def _events(body: kopf.Body) -> Any:
     return post
 
 
-@kopf.daemon(GROUP, VERSION, PLAN_PLURAL, id="control-loop", cancellation_timeout=60.0)
+# Stopped, a daemon has `_STOP_GRACE_S` to end its period (without publishing) and release its
+# pool before kopf cancels it; without a backoff kopf cancels at once.
+_STOP_GRACE_S = 15.0
+
+
+@kopf.daemon(
+    GROUP, VERSION, PLAN_PLURAL, id="control-loop", cancellation_backoff=_STOP_GRACE_S, cancellation_timeout=60.0
+)
 async def control_loop(
     stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str | None, name: str, **_: Any
 ) -> None:
@@ -67,7 +74,7 @@ async def control_loop(
                 await stopped.wait(min(wait, _WAKE_S))
                 continue
             await loop.run_period(body, publish_allowed=lambda: not stopped)
+    finally:
         if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
             await loop.release(body)
-    finally:
         loop.forget()
