@@ -73,7 +73,14 @@ class RouterDefaults(_Model):
         default=0.5, ge=0, description="How often the picker scrapes each vLLM pod's queue depth (0: never)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Picker log level.")
-    termination_grace_period_seconds: int = Field(default=30, ge=0, description="Grace period of router pods.")
+    drain_seconds: int = Field(
+        default=5, ge=0,
+        description="A stopping router serves this long before it drains, while clients stop choosing it.",
+    )
+    termination_grace_period_seconds: int = Field(
+        default=130, ge=1,
+        description="Room for the drain plus the longest request in flight (streams pass through the router).",
+    )
     envoy: EnvoySettings = Field(default_factory=EnvoySettings, description="The Envoy container.")
 
 

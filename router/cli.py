@@ -14,7 +14,7 @@ from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RAN
 from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
 from cacheroute.planner.tokenload import DEFAULT_IN_FLIGHT_WEIGHT, DEFAULT_TOKENS_PER_LOAD_UNIT
-from cacheroute.router import eventloop, sidecar
+from cacheroute.router import drain, eventloop, sidecar
 from cacheroute.router.settings import (
     BODY_MODES,
     DEFAULT_GRPC_PORT,
@@ -387,6 +387,7 @@ def build_native(
 
 # The router pod's Envoy container (`cacheroute router envoy`), kept in its own module.
 sidecar.register(app)
+drain.register(app)
 
 
 def main() -> None:

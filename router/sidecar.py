@@ -73,6 +73,20 @@ def envoy(  # noqa: PLR0917 - one parameter per command-line option
         int, typer.Option(min=1, max=256, envvar=ENV + "CONCURRENCY", help="Envoy worker threads.")
     ] = 2,
     log_level: Annotated[str, typer.Option(envvar=ENV + "LOG_LEVEL")] = "warning",
+    admin_socket: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=ENV + "ADMIN_SOCKET", dir_okay=False,
+            help="Envoy's admin API on this Unix socket (for `cacheroute router drain`); default in the temp folder.",
+        ),
+    ] = None,
+    drain_seconds: Annotated[
+        int,
+        typer.Option(
+            min=0, max=3600, envvar=ENV + "DRAIN_SECONDS",
+            help="Once drained, how long Envoy's listeners still accept before they stop.",
+        ),
+    ] = 5,
     print_only: Annotated[
         bool, typer.Option("--print", help="Print the bootstrap (YAML) instead of running Envoy.")
     ] = False,
@@ -101,7 +115,7 @@ def envoy(  # noqa: PLR0917 - one parameter per command-line option
         ext_proc_port=ext_proc_port,
         fallback=fallback if failure_mode_allow else None,
         # A Unix socket: the admin API stays off the network, and pods sharing a host never clash.
-        admin_socket=str(runtime_dir / f"cacheroute-envoy-admin-{ip}.sock"),
+        admin_socket=str(admin_socket or runtime_dir / f"cacheroute-envoy-admin-{ip}.sock"),
         gateway=GatewayOptions(
             request_body_mode=mode,
             message_timeout=message_timeout,
@@ -122,8 +136,10 @@ def envoy(  # noqa: PLR0917 - one parameter per command-line option
     staged = path.with_suffix(".tmp")
     staged.write_text(text)
     os.replace(staged, path)
+    # Drained (`cacheroute router drain`), every connection is told at once to close after its
+    # request in flight, rather than a growing share of them over Envoy's default 600 s.
     argv = [str(binary), "-c", str(path), "--disable-hot-restart", "--concurrency", str(concurrency),
-            "--log-level", log_level]
+            "--log-level", log_level, "--drain-strategy", "immediate", "--drain-time-s", str(drain_seconds)]
     # The container process becomes Envoy: signals and exit status are its own.
     os.execv(binary, argv)
 

@@ -18,6 +18,9 @@ from cacheroute.operator.rbac import ROUTER_RULES
 from cacheroute.planner.memory import MemoryPlan
 
 PLAN_MOUNT = "/etc/cacheroute/plan"
+# An emptyDir both containers mount: Envoy's admin socket, which both preStop hooks reach.
+RUN_MOUNT = "/run/cacheroute"
+ADMIN_SOCKET = f"{RUN_MOUNT}/envoy-admin.sock"
 POD_IP = "$(POD_IP)"
 DOWNWARD_ENV = [
     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -129,7 +132,21 @@ def envoy_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorCon
         "--request-body-mode", envoy.request_body_mode,
         "--concurrency", str(envoy.concurrency),
         "--log-level", envoy.log_level,
+        "--admin-socket", ADMIN_SOCKET,
     ]
+
+
+def drain_hook(config: OperatorConfig, *, wait_only: bool) -> dict[str, Any]:
+    """preStop of a router container: serve while clients stop choosing the pod, then drain Envoy
+    and wait for its requests in flight, within the grace period (`cacheroute router drain`)."""
+    r = config.router
+    command = [
+        "cacheroute", "router", "drain", "--admin-socket", ADMIN_SOCKET,
+        "--settle", str(r.drain_seconds),
+        # A margin for the containers' own stop once the hook returns.
+        "--timeout", str(max(r.termination_grace_period_seconds - 2, 0)),
+    ]
+    return {"preStop": {"exec": {"command": command + (["--wait-only"] if wait_only else [])}}}
 
 
 def build_deployment(
@@ -157,7 +174,11 @@ def build_deployment(
         "readinessProbe": _grpc_probe("readiness", 2, 3),
         "livenessProbe": _grpc_probe("liveness", 10, 3),
         "resources": r.resources,
-        "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}],
+        "volumeMounts": [
+            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+            {"name": "run", "mountPath": RUN_MOUNT},
+        ],
+        "lifecycle": drain_hook(config, wait_only=True),
     }
     envoy = {
         "name": "envoy",
@@ -172,13 +193,15 @@ def build_deployment(
         "readinessProbe": _http_probe(2, 3),
         "livenessProbe": _http_probe(10, 3),
         "resources": r.envoy.resources,
+        "volumeMounts": [{"name": "run", "mountPath": RUN_MOUNT}],
+        "lifecycle": drain_hook(config, wait_only=False),
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": pool.router,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": r.termination_grace_period_seconds,
         "containers": [picker, envoy],
-        "volumes": [plan_volume(pool)],
+        "volumes": [plan_volume(pool), {"name": "run", "emptyDir": {}}],
     }
     if r.node_selector:
         pod_spec["nodeSelector"] = dict(r.node_selector)

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -410,6 +410,12 @@ class PodWorker:
             await asyncio.gather(*loops)
 
     async def _attempt(self, slot: ContainerSlot, spec: ProbeSpec) -> tuple[bool, str]:
+        command = (spec.handler.get("exec") or {}).get("command")
+        driver = slot.driver
+        # A command naming the image's entry point runs the local command standing for it.
+        if command and driver is not None and os.path.basename(str(command[0])) == (driver.entrypoint_name or None):
+            local = [*driver.entrypoint, *command[1:]]
+            spec = replace(spec, handler={**spec.handler, "exec": {"command": local}})
         return await self.runtime.prober.attempt(
             spec, self.pod_ip, slot.ports(), exec_in=slot.exec_prefix, env=slot.env
         )

@@ -7,6 +7,7 @@ the real commands take: args, downward-API addresses, the projected plan volume,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import httpx
 import pytest
 from kubernetes import client
 
-from tests.support.operator import TEST_CONFIG, OperatorProcess, Pools
+from tests.support.operator import TEST_CONFIG, OperatorProcess, Pools, until
 from tests.support.router import metric_value
 
 pytestmark = pytest.mark.integration
@@ -29,10 +30,31 @@ SPEC: dict[str, Any] = {
 }
 # Short drains: the runtime honours preStop and grace periods.
 CONFIG = {**TEST_CONFIG, "engine": {"drainSeconds": 1, "terminationGracePeriodSeconds": 5},
-          "router": {**TEST_CONFIG["router"], "scrapeIntervalSeconds": 0.2}}
+          "router": {**TEST_CONFIG["router"], "scrapeIntervalSeconds": 0.2, "drainSeconds": 1}}
 
 
-def test_the_pool_runs_and_serves_http_through_its_router(
+def stream_across_a_router_stop(url: str, stop: Callable[[], None]) -> tuple[list[str], int]:
+    """Stream a long completion through the router, call `stop` once the first chunk is in, and
+    read to the end: (every data line, how many came after `stop`)."""
+    lines: list[str] = []
+    after = -1
+    body = {"model": MODEL, "prompt": "tell a long story " * 10, "max_tokens": 1500, "stream": True,
+            "user": "streamer"}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            lines.append(line)
+            if after < 0:
+                stop()
+                after = 0
+            else:
+                after += 1
+    return lines, after
+
+
+def test_the_pool_runs_and_serves_http_through_its_router_which_finishes_its_streams_when_stopped(
     operator_kubeconfig: Path, sandbox: Any, kube_api: Any, runtime_namespace: str, tmp_path: Path
 ) -> None:
     ns = runtime_namespace
@@ -64,6 +86,13 @@ def test_the_pool_runs_and_serves_http_through_its_router(
         assert httpx.get(f"http://{router_pod.status.pod_ip}:8081/ready", timeout=5).status_code == 200
         metrics = httpx.get(f"http://{router_pod.status.pod_ip}:9090/metrics", timeout=5).text
         assert "cacheroute_router_plan_info" in metrics
+
+        # A router pod deleted mid-stream (a rollout, a drain) finishes the stream before it stops.
+        name = router_pod.metadata.name
+        lines, after = stream_across_a_router_stop(url, lambda: core.delete_namespaced_pod(name, ns))
+        assert lines[-1] == "data: [DONE]" and after > 10, (after, lines[-3:])
+        until(lambda: not any(p.metadata.name == name for p in core.list_namespaced_pod(ns).items),
+              "the drained router pod gone", timeout=60)
     finally:
         pools.remove_all(timeout=120)
         operator.stop()

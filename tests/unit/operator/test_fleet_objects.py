@@ -186,6 +186,28 @@ def test_router_arguments_parse_with_the_router_commands_as_they_are(tmp_path: P
     assert serve.params["follow_prefixes"] is False and serve.params["prefix_memory_blocks"] == 1000
 
 
+def test_a_stopping_router_pod_drains_envoy_and_keeps_its_picker_until_the_requests_are_through() -> None:
+    command = typer.main.get_command(router_app)
+    spec = pod_spec(router.build_deployment(POOL, SPEC, CONFIG))
+    picker, envoy = spec["containers"]
+    grace = spec["terminationGracePeriodSeconds"]
+    assert grace == CONFIG.router.termination_grace_period_seconds >= 120  # a long stream fits
+    # Envoy's admin socket lies on a volume both containers mount, where both hooks look for it.
+    [shared] = [v for v in spec["volumes"] if "emptyDir" in v]
+    envoy_args = command.commands["envoy"].make_context("envoy", envoy["args"][2:]).params  # type: ignore[attr-defined]
+    hooks = {}
+    for container in (picker, envoy):
+        assert {"name": shared["name"], "mountPath": router.RUN_MOUNT} in container["volumeMounts"]
+        argv = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert argv[:3] == ["cacheroute", "router", "drain"]
+        hooks[container["name"]] = command.commands["drain"].make_context("drain", argv[3:]).params  # type: ignore[attr-defined]
+    for params in hooks.values():
+        assert params["admin_socket"] == envoy_args["admin_socket"]
+        assert params["settle"] == CONFIG.router.drain_seconds and params["settle"] < params["timeout"] < grace
+    # Envoy's hook drains it; the picker's only waits, answering Envoy meanwhile.
+    assert (hooks["envoy"]["wait_only"], hooks["picker"]["wait_only"]) == (False, True)
+
+
 def test_the_router_is_told_what_one_replica_holds_once_the_memory_plan_is_decided(tmp_path: Path) -> None:
     """Without a plan (Shadow mode, before the first period) the router sizes its prefix memory from
     the replicas' KV, GPU and host tiers; while the memory plan is not decided it is not told."""

@@ -1,11 +1,16 @@
-"""The router pod's Envoy bootstrap: everything on the pod IP, failure mode as configured."""
+"""The router pod's Envoy bootstrap: everything on the pod IP, failure mode as configured; its drain."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from cacheroute.operator.cli.main import app
+from cacheroute.router.drain import POLL_S, DrainOutcome, drain
 from cacheroute.router.envoy import GatewayOptions, PodEnvoyOptions, pod_bootstrap
 
 runner = CliRunner()
@@ -61,3 +66,50 @@ def test_bad_input_is_one_line_and_exit_2() -> None:
         result = runner.invoke(app, ["router", "envoy", "--print", *args])
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output
+
+
+def test_envoy_puts_its_admin_socket_where_the_drain_hooks_look() -> None:
+    result = runner.invoke(app, ["router", "envoy", "--print", "--admin-socket", "/run/cacheroute/envoy-admin.sock"],
+                           env={"POD_IP": "10.9.8.7"})
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.output)["admin"]["address"]["pipe"]["path"] == "/run/cacheroute/envoy-admin.sock"
+
+
+def test_drain_without_envoy_returns_at_once(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["router", "drain", "--admin-socket", str(tmp_path / "admin.sock"), "--settle", "30"])
+    assert result.exit_code == 0, result.output
+    assert "nothing to drain" in result.output
+
+
+class _Envoy:
+    """Envoy's admin as the drain sees it: requests in flight that end one per look."""
+
+    def __init__(self, in_flight: int, ending: int) -> None:
+        self.left, self.ending, self.drained = in_flight, ending, False
+
+    def drain_listeners(self) -> None:
+        self.drained = True
+
+    def in_flight(self) -> int:
+        left, self.left = self.left, max(self.left - self.ending, 0)
+        return left
+
+
+def _drain(envoy: _Envoy, **options: Any) -> DrainOutcome:
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    return drain(envoy, sleep=sleep, clock=lambda: now[0], **options)  # type: ignore[arg-type]
+
+
+def test_drain_waits_for_the_requests_in_flight_within_its_timeout() -> None:
+    done = _drain(envoy := _Envoy(3, 1), settle_s=5, timeout_s=60)
+    assert envoy.drained and done.drained and done.in_flight == 0
+    assert done.waited_s == pytest.approx(5 + 3 * POLL_S)
+    stuck = _drain(_Envoy(3, 0), settle_s=5, timeout_s=20)
+    assert not stuck.drained and stuck.in_flight == 3 and stuck.waited_s == pytest.approx(20, abs=POLL_S)
+    # The picker's hook only waits: draining is Envoy's hook's to ask.
+    _drain(picker := _Envoy(1, 1), settle_s=0, timeout_s=5, wait_only=True)
+    assert not picker.drained
