@@ -47,6 +47,20 @@ class PoolMemory:
     gie_checked_generation: int = -1
     # spec.gie.enabled, and no GIE InferencePool CRD was served at the last check.
     gie_missing: bool = False
+    # The memory outcome (state, message) the pool's status already told when this process
+    # first saw it: not announced again by a restarted operator.
+    told_memory: tuple[str, str] | None = None
+
+    @classmethod
+    def resumed(cls, status: Mapping[str, Any]) -> PoolMemory:
+        """What a process first seeing a pool knows from its status: what earlier Events told."""
+        conditions = {str(c.get("type")): c for c in status.get("conditions") or []}
+        memory = conditions.get("MemoryPlanned") or {}
+        degraded = conditions.get("Degraded") or {}
+        return cls(
+            told_memory=(str(memory["reason"]), str(memory.get("message", ""))) if memory.get("reason") else None,
+            gie_missing=degraded.get("status") == "True" and degraded.get("reason") == "GIENotInstalled",
+        )
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,7 @@ def desired_objects(
         engine=engine,
         apply=[
             pdb.build_pdb(pool),
+            pdb.build_router_pdb(pool),
             router.build_service_account(pool),
             router.build_role(pool),
             router.build_role_binding(pool),
@@ -130,7 +145,8 @@ class Reconciler:
         if outcome.new_profile is not None and outcome.profile_key:
             inputs.store_profile(outcome.profile_key, outcome.new_profile, {"pool": pool.name})
         before = mem.memory
-        if before is None or (before.state, before.message) != (outcome.state, outcome.message):
+        told = (before.state, before.message) if before is not None else mem.told_memory
+        if told != (outcome.state, outcome.message):
             self._announce(outcome, before, emit)
         mem.memory, mem.memory_generation = outcome, generation
         return outcome

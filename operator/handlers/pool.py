@@ -89,16 +89,16 @@ def _facts(key: tuple[str, str], indexes: Mapping[str, Any]) -> FleetFacts:
 # --- a pass ----------------------------------------------------------------------------------------
 
 
-def _state(memo: Any) -> tuple[asyncio.Lock, PoolMemory]:
+def _state(memo: Any, body: Any) -> tuple[asyncio.Lock, PoolMemory]:
     if "lock" not in memo:
         memo["lock"] = asyncio.Lock()
-        memo["fleet"] = PoolMemory()
+        memo["fleet"] = PoolMemory.resumed(plain(body.get("status") or {}))
         memo["last_full"] = 0.0
     return memo["lock"], memo["fleet"]
 
 
 async def _pass(*, body: Any, memo: Any, logger: Any, indexes: Mapping[str, Any], full: bool) -> None:
-    lock, mem = _state(memo)
+    lock, mem = _state(memo, body)
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         return
@@ -185,7 +185,7 @@ async def pool_object_changed(*, namespace: str | None, labels: Mapping[str, str
 
 @kopf.daemon(GROUP, VERSION, POOLS, cancellation_timeout=10)
 async def pool_status(*, stopped: Any, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
-    _state(memo)
+    _state(memo, body)
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     flag = _changed(*key)

@@ -50,6 +50,7 @@ def owned_objects(kube_api: Any, namespace: str, name: str) -> dict[str, Any]:
         "StatefulSet": lambda: apps.read_namespaced_stateful_set(name, namespace),
         "Service": lambda: core.read_namespaced_service(name, namespace),
         "PodDisruptionBudget": lambda: policy.read_namespaced_pod_disruption_budget(name, namespace),
+        "RouterPodDisruptionBudget": lambda: policy.read_namespaced_pod_disruption_budget(f"{name}-router", namespace),
         "Deployment": lambda: apps.read_namespaced_deployment(f"{name}-router", namespace),
         "RouterService": lambda: core.read_namespaced_service(f"{name}-router", namespace),
         "ServiceAccount": lambda: core.read_namespaced_service_account(f"{name}-router", namespace),

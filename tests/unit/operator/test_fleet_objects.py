@@ -84,8 +84,8 @@ def test_every_owned_object_is_labelled_and_owned_by_the_pool() -> None:
     objects = desired_objects(POOL, SPEC, MemoryOutcome("Planned", "", plan=PLAN), CONFIG)
     everything = [*objects.engine, *objects.apply, *objects.create_only]
     assert sorted(o["kind"] for o in everything) == sorted(
-        ["StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding",
-         "Deployment", "ConfigMap"]
+        ["StatefulSet", "Service", "Service", "PodDisruptionBudget", "PodDisruptionBudget", "ServiceAccount", "Role",
+         "RoleBinding", "Deployment", "ConfigMap"]
     )
     for obj in everything:
         meta = obj["metadata"]
@@ -132,6 +132,10 @@ def test_services_select_engines_and_routers() -> None:
     budget = pdb.build_pdb(POOL)
     assert budget["spec"]["maxUnavailable"] == 1
     assert budget["spec"]["selector"]["matchLabels"] == headless["spec"]["selector"]
+    # A node drain takes the routers one at a time too.
+    routers = pdb.build_router_pdb(POOL)
+    assert routers["spec"]["maxUnavailable"] == 1
+    assert routers["spec"]["selector"]["matchLabels"] == front["spec"]["selector"]
 
 
 def test_router_pod_has_picker_and_envoy_on_the_pod_ip_with_the_plan_mounted() -> None:
