@@ -163,9 +163,15 @@ def read_payload_json(path: Path) -> Plan:
     text = _read_text(path, "plan")
     try:
         doc = json.loads(text)
+    except (ValueError, RecursionError):
+        raise CliInputError(
+            f"{path}: not JSON; --previous takes the payload `cacheroute plan -o json` writes (an AffinityPlan "
+            "manifest from -o yaml holds pins, not the plan's placements)"
+        ) from None
+    try:
         files = {name: base64.b64decode(data, validate=True) for name, data in doc["binaryData"].items()}
-    except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
-        raise CliInputError(f"{path}: not a plan written by `cacheroute plan -o json` ({exc!r})") from None
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise CliInputError(f"{path}: not a plan written by `cacheroute plan -o json` (no valid binaryData)") from None
     try:
         return decode_plan(files)
     except PlanError as exc:
@@ -510,7 +516,10 @@ def register(app: typer.Typer) -> None:
                 _write_table(out, result, stats, payload)
             elif out is not None:
                 write_atomically(out, text)
-                err.print(f"wrote {out} (plan {payload.version})", soft_wrap=True)
+                # A Manual AffinityPlan is published under the operator's own version (the pool's
+                # addresses are in it): naming this payload's would mislead a review.
+                what = f"plan {payload.version}" if output == "json" else "a Manual AffinityPlan"
+                err.print(f"wrote {out} ({what})", soft_wrap=True)
             else:
                 typer.echo(text, nl=False)
         except OSError as exc:

@@ -124,6 +124,8 @@ def test_yaml_output_is_a_valid_manual_affinity_plan(tmp_path: Path) -> None:
         str(out_file),
     )
     assert code == 0, out
+    # No payload version: the operator publishes a Manual plan under its own.
+    assert "a Manual AffinityPlan" in out and "(plan " not in out
     doc = yaml.safe_load(out_file.read_text())
     obj = parse_resource(doc, "plan.yaml")
     assert isinstance(obj, AffinityPlan)
@@ -240,6 +242,8 @@ def test_destinations_file_with_weights(stats_csv: Path, tmp_path: Path) -> None
         (["--stats", "{bad}", "--destinations", "2", "--budget-tokens", "9"], "line 3: column 'rate' must be a number"),
         (["--stats", "{stats}", "--destinations", "2", "--budget-tokens", "9", "-o", "xml"], "-o must be json"),
         (["--trace", "{stats}", "--destinations", "2", "--budget-tokens", "9", "--key", "first-blocks:x"], "--key"),
+        (["--stats", "{stats}", "--destinations", "2", "--budget-tokens", "9", "--previous", "{stats}"],
+         "not JSON; --previous takes the payload `cacheroute plan -o json` writes"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_code_2(
