@@ -95,7 +95,7 @@ def test_two_operators_only_the_higher_priority_one_acts_and_the_other_takes_ove
         assert handled(low, "llama")
         assert owned_counts(kube_api, namespace) == per_pool(1)
         # What the first operator told (the status holds it) is not told again by the second.
-        assert not low.events("MemoryPlanned", "llama")
+        assert not low.events("MemoryPlanned", "llama") and not low.events("Ready", "llama")
     finally:
         pools.remove_all()
         low.stop()
