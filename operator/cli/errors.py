@@ -30,9 +30,9 @@ WORLD = 1
 # every usage error and every click exception derive from.
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 _CLICK_EXCEPTION: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
-# Errors that mean an input path is wrong rather than the machine.
 # The head of click's "Invalid value for '--x' (env var: 'X'): problem", up to the problem.
 _PARAM_HINT = re.compile(r"^(.*?'(?: \(env var: '[^']*'\))?): ")
+# Errors that mean an input path is wrong rather than the machine.
 _INPUT_ERRNOS = frozenset((errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EEXIST, errno.ENAMETOOLONG))
 
 

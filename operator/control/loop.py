@@ -193,9 +193,11 @@ class PlanLoop:
         if self._pool_checked_at is None or now - self._pool_checked_at < POOL_CHECK_S:
             return False
         self._pool_checked_at = now
-        pool_name = ((body.get("spec") or {}).get("poolRef") or {}).get("name")
+        pool_name = _pool_name(body)
+        if not pool_name:
+            return False
         try:
-            obj = await asyncio.to_thread(self.api.get_pool, self.namespace, str(pool_name))
+            obj = await asyncio.to_thread(self.api.get_pool, self.namespace, pool_name)
             pool = InferencePool.model_validate(obj) if obj is not None else None
         except (ApiError, ValidationError):
             return False
@@ -586,8 +588,8 @@ class PlanLoop:
     async def release(self, body: Mapping[str, Any]) -> None:
         """This AffinityPlan is deleted: its pool's plan ConfigMaps stop naming it as their
         publisher, so that none is named until another plan publishes (the routes stay)."""
-        pool = ((body.get("spec") or {}).get("poolRef") or {}).get("name")
-        if not isinstance(pool, str) or not pool:
+        pool = _pool_name(body)
+        if not pool:
             return
         async with _publish_lock(self.namespace, pool):
             try:
@@ -603,6 +605,12 @@ class PlanLoop:
     def forget(self) -> None:
         """Drop this AffinityPlan's metric series (it is gone, or this operator stops)."""
         self.metrics.forget()
+
+
+def _pool_name(body: Mapping[str, Any]) -> str:
+    """The pool an AffinityPlan's body names ("" when none), before its spec is validated."""
+    name = ((body.get("spec") or {}).get("poolRef") or {}).get("name")
+    return name if isinstance(name, str) else ""
 
 
 def _described_generation(pool: InferencePool) -> int | None:

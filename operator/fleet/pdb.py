@@ -9,30 +9,24 @@ from cacheroute.operator.fleet import names
 
 
 def build_pdb(pool: names.PoolRef) -> dict[str, Any]:
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": names.metadata(pool, pool.pdb, "engine"),
-        "spec": {
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": names.selector(pool, "engine")},
-            # A replica that never became ready may go: it serves nothing, and blocking its
-            # eviction would stall node drains behind a broken pod.
-            "unhealthyPodEvictionPolicy": "AlwaysAllow",
-        },
-    }
+    return _one_at_a_time(pool, pool.pdb, "engine")
 
 
 def build_router_pdb(pool: names.PoolRef) -> dict[str, Any]:
-    """A drain takes one router at a time: the others keep the pool routable (with one router,
-    it may go, as a rollout of one would)."""
+    """The other routers keep the pool routable (with one router, it may go, as a rollout of one would)."""
+    return _one_at_a_time(pool, pool.router, "router")
+
+
+def _one_at_a_time(pool: names.PoolRef, name: str, component: names.Component) -> dict[str, Any]:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": names.metadata(pool, pool.router, "router"),
+        "metadata": names.metadata(pool, name, component),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": names.selector(pool, "router")},
+            "selector": {"matchLabels": names.selector(pool, component)},
+            # A pod that never became ready may go: it serves nothing, and blocking its eviction
+            # would stall node drains behind a broken pod.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

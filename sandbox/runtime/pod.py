@@ -59,6 +59,14 @@ def now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _local_command(driver: ImageDriver | None, argv: list[str]) -> list[str]:
+    """`argv` with a first word naming the image's entry point replaced by the local command
+    standing for it (a container's command, an exec hook's)."""
+    if driver is not None and argv and os.path.basename(argv[0]) == (driver.entrypoint_name or None):
+        return [*driver.entrypoint, *argv[1:]]
+    return argv
+
+
 def _existing_dir(path: object, fallback: Path) -> Path:
     """The container's working directory when it exists on this machine, else the pod's directory."""
     candidate = Path(str(path)) if path else fallback
@@ -280,9 +288,7 @@ class PodWorker:
             slot.exec_prefix = None
             return EmulatorRun(emulator, log_file)
         entrypoint = list(driver.entrypoint) if driver is not None else []
-        argv = podenv.command_line(slot.spec, env, entrypoint)
-        if driver is not None and argv and os.path.basename(argv[0]) == (driver.entrypoint_name or None):
-            argv = [*driver.entrypoint, *argv[1:]]
+        argv = _local_command(driver, podenv.command_line(slot.spec, env, entrypoint))
         if not argv:
             raise ContainerStartError("no command to run (the image's entry point is unknown here)")
         process_env = {**self.runtime.base_env, **(driver.env if driver is not None else {}), **env}
@@ -411,10 +417,8 @@ class PodWorker:
 
     async def _attempt(self, slot: ContainerSlot, spec: ProbeSpec) -> tuple[bool, str]:
         command = (spec.handler.get("exec") or {}).get("command")
-        driver = slot.driver
-        # A command naming the image's entry point runs the local command standing for it.
-        if command and driver is not None and os.path.basename(str(command[0])) == (driver.entrypoint_name or None):
-            local = [*driver.entrypoint, *command[1:]]
+        if command:
+            local = _local_command(slot.driver, [str(part) for part in command])
             spec = replace(spec, handler={**spec.handler, "exec": {"command": local}})
         return await self.runtime.prober.attempt(
             spec, self.pod_ip, slot.ports(), exec_in=slot.exec_prefix, env=slot.env
