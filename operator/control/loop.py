@@ -476,8 +476,8 @@ class PlanLoop:
                 routing=routing_of(w.pool.spec.router),
             )
         except ValueError as exc:  # too little traffic to synthesise a replay
-            self.metrics.verdict("rejected")
-            return _rejected(w, f"could not be replayed ({exc})")
+            self.metrics.verdict("skipped")
+            return _not_judged(w, str(exc))
         self.metrics.verdict("passed" if verdict.passed else "rejected")
         figures["predictedKvHit"] = _share(verdict.candidate.kv_hit)
         p99 = verdict.candidate.ttft_p99_s
@@ -668,19 +668,38 @@ def _in_effect_figures(w: _Work, verdict: GuardVerdict) -> dict[str, Any]:
     }
 
 
+def _stays(w: _Work) -> str:
+    current = w.current.plan
+    if current is None:
+        return "no plan is in effect"
+    routes = "" if len(current) else " (no routes: every key by the routers' own choice)"
+    return f"plan {w.current.version}{routes} stays"
+
+
 def _rejected(w: _Work, reason: str) -> bool:
     """Record a candidate the guard turned down (the plan in effect stays); returns False."""
     result = w.result
     assert result.payload is not None
     result.outcome = "rejected"
-    current = w.current.plan
-    routes = "" if current is None or len(current) else " (no routes: every key by the routers' own choice)"
-    stays = f"plan {w.current.version}{routes} stays" if current is not None else "no plan is in effect"
-    message = f"candidate {result.payload.version} {reason}; {stays}"
+    message = f"candidate {result.payload.version} {reason}; {_stays(w)}"
     result.add(
         Finding(cond.APPLIED, False, cond.GUARD_REJECTED, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED)
     )
     result.tell("Warning", cond.GUARD_REJECTED, message)
+    return False
+
+
+def _not_judged(w: _Work, why: str) -> bool:
+    """Record a candidate the guard could not replay for lack of traffic (the plan in effect
+    stays): a wait for traffic, not a verdict on the plan, so no Warning; returns False."""
+    result = w.result
+    assert result.payload is not None
+    result.outcome = "rejected"
+    message = f"candidate {result.payload.version} not judged, too little traffic to replay ({why}); {_stays(w)}"
+    result.add(
+        Finding(cond.APPLIED, False, cond.NO_TRAFFIC, message), Finding(cond.DEGRADED, False, cond.NO_TRAFFIC, message)
+    )
+    result.tell("Normal", cond.NO_TRAFFIC, message)
     return False
 
 

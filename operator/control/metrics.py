@@ -33,7 +33,8 @@ PERIODS = Counter(
 )
 GUARD_VERDICTS = Counter(
     f"{PREFIX}_guard_verdicts",
-    "Guard verdicts on candidate plans: passed, rejected, skipped (guard disabled or nothing new).",
+    "Guard verdicts on candidate plans: passed, rejected, "
+    "skipped (guard disabled, nothing new, or too little traffic to replay).",
     [*_LABELS, "verdict"],
 )
 PLAN_INFO = Gauge(

@@ -151,3 +151,34 @@ def test_after_shadow_a_rejected_candidate_leaves_the_figures_of_the_empty_plan_
     assert "(no routes" in condition(obj, "Applied")["message"]
     # The predicted figures are the guard's replay of the empty plan, not Shadow's candidate.
     assert obj["status"]["predictedKvHit"] < shadow["predictedKvHit"]
+
+
+def test_a_candidate_too_thin_to_replay_waits_for_traffic_without_a_warning(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    # A request every few days: Prometheus counts it, the planner plans for it, and the guard's
+    # longest replay (30 minutes) still synthesises no request from it.
+    thin = zipf_traffic(3, 3e-6, prompt=2000, prefix_share=0.9, exponent=1.0)
+    env.fleet("llama").set_traffic(thin)
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool("llama")
+    wait_for_window(env.prometheus_url, namespace, len(thin.keys) + 2, WINDOW)
+    create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s", metricsWindow=f"{WINDOW}s"))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "NoTraffic",
+             timeout=90, what="Applied=False NoTraffic")
+    obj = get_plan(kube_api, namespace, "llama")
+    applied = condition(obj, "Applied")
+    assert applied["status"] == "False"
+    assert "not judged, too little traffic to replay" in applied["message"], applied["message"]
+    # A wait, as for a window without requests: neither Degraded nor a Warning to page anyone.
+    assert (condition(obj, "Degraded")["status"], condition(obj, "Degraded")["reason"]) == ("False", "NoTraffic")
+    # The plan in effect (the pool's empty one) stays, and its figures with it.
+    assert obj["status"]["candidateVersion"] != obj["status"]["planVersion"]
+    assert obj["status"]["admittedKeys"] == 0
+    wait_for(lambda: bool(events(kube_api, namespace, "NoTraffic")), timeout=30, what="a NoTraffic Event")
+    assert all(e.type == "Normal" for e in events(kube_api, namespace, "NoTraffic"))
+    assert not events(kube_api, namespace, "GuardRejected")
+    # Told once while it lasts, though every period finds the same.
+    obj = wait_for_period_after(kube_api, namespace, "llama", obj["status"]["lastPeriodTime"])
+    obj = wait_for_period_after(kube_api, namespace, "llama", obj["status"]["lastPeriodTime"])
+    assert condition(obj, "Applied")["reason"] == "NoTraffic"
+    assert len(events(kube_api, namespace, "NoTraffic")) == 1
