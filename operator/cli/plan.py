@@ -212,6 +212,16 @@ def manual_manifest(
         raise CliInputError("the plan does not fit a Manual AffinityPlan: " + "; ".join(field_errors(exc))) from None
 
 
+def manual_credit_note(credit: float) -> str:
+    """What a Manual AffinityPlan does not keep of a plan whose entries yield to load."""
+    return (
+        f"note: this plan credits its entries with {credit:.2f} of a prompt, so routers may send a planned "
+        "request to a clearly less loaded replica (the prefixes it saves stay cached wherever they go); a "
+        "Manual AffinityPlan holds every pinned key to its routes up to the spill threshold. An Auto "
+        "AffinityPlan routes as this plan does."
+    )
+
+
 def summary_table(result: PlanResult, stats: KeyStats, payload: PlanPayload, console: Console) -> None:
     plan = result.plan
     s = plan.summary
@@ -522,6 +532,8 @@ def register(app: typer.Typer) -> None:
                 err.print(f"wrote {out} ({what})", soft_wrap=True)
             else:
                 typer.echo(text, nl=False)
+            if output == "yaml" and len(result.plan) and result.plan.entry_credit < 1.0:
+                err.print(manual_credit_note(result.plan.entry_credit), soft_wrap=True)
         except OSError as exc:
             # The previous file, if any, is intact: the new one was written beside it.
             raise fail(f"cannot write --out {out}: {exc.strerror or exc}", 1) from None

@@ -126,6 +126,8 @@ def test_yaml_output_is_a_valid_manual_affinity_plan(tmp_path: Path) -> None:
     assert code == 0, out
     # No payload version: the operator publishes a Manual plan under its own.
     assert "a Manual AffinityPlan" in out and "(plan " not in out
+    # Without the replicas' KV capacity the plan holds its entries, as the Manual plan does.
+    assert "note:" not in out
     doc = yaml.safe_load(out_file.read_text())
     obj = parse_resource(doc, "plan.yaml")
     assert isinstance(obj, AffinityPlan)
@@ -135,6 +137,21 @@ def test_yaml_output_is_a_valid_manual_affinity_plan(tmp_path: Path) -> None:
     assert set(pinned) == {"alice", "bob", "vip"}
     assert pinned["vip"] == ["llama-1", "llama-0"]
     assert all(len(d) == 1 for k, d in pinned.items() if k != "vip")
+
+
+def test_yaml_output_says_when_pins_hold_keys_the_plan_would_let_yield(stats_csv: Path, tmp_path: Path) -> None:
+    out_file = tmp_path / "plan.yaml"
+    args = ["--stats", str(stats_csv), "--destinations", "3", "--kv-capacity-tokens", "100000", "--pool", "llama"]
+    code, out = invoke(*args, "-o", "yaml", "--out", str(out_file))
+    assert code == 0, out
+    # alice's and bob's prefixes are most of their prompts: routers find them wherever they went,
+    # so the plan lets its entries yield to load, which the pins of a Manual plan do not.
+    assert "credits its entries with 0.25" in " ".join(out.split())
+    assert yaml.safe_load(out_file.read_text())["spec"]["mode"] == "Manual"
+    # The payload routers read carries the credit itself: nothing to say there.
+    code, out = invoke(*args, "-o", "json")
+    assert code == 0 and "note:" not in out
+    assert decode_plan(files_of(json.loads(out))).entry_credit == 0.25
 
 
 def test_table_from_a_mooncake_trace(tmp_path: Path) -> None:
