@@ -337,6 +337,9 @@ class PlanLoop:
             window = result.window = await self._timed_await(result, "query", read)
         except MetricsReadError as exc:
             result.add(Finding(cond.METRICS_AVAILABLE, False, exc.reason, exc.message))
+            # Unknown while Prometheus does not answer: `kubectl get` shows no figure rather than
+            # the last window's as if it were current.
+            result.status["observedKvHit"] = None
             return False
         finally:
             reader.close()

@@ -62,6 +62,8 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
     ))
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
              timeout=90, what="a first plan applied")
+    wait_for(lambda: get_plan(kube_api, namespace, "llama")["status"].get("observedKvHit") is not None,
+             timeout=30, what="an observed KV hit")
     version = get_plan(kube_api, namespace, "llama")["status"]["planVersion"]
     routes = published_plan(kube_api, namespace, "llama").routes()  # type: ignore[union-attr]
 
@@ -86,6 +88,8 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
         assert condition(obj, "Degraded")["status"] == "True"
         assert condition(obj, "Ready")["status"] == "True"
         assert condition(obj, "Planned")["reason"] == "MetricsUnavailable"
+        # No KV hit was observed: the last window's figure is not shown as the current one.
+        assert obj["status"].get("observedKvHit") is None
 
     # Hung: connections accepted, never answered; each period gives up after spec.prometheus.timeout.
     paused = time.time()
@@ -109,3 +113,4 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
     assert condition(obj, "Planned")["status"] == "True"
     assert condition(obj, "Applied")["status"] == "True"
     assert condition(obj, "Degraded")["status"] == "False"
+    assert obj["status"]["observedKvHit"] is not None
