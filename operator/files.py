@@ -7,6 +7,7 @@ interrupted command) sees either the old file whole or the new file whole, never
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -19,10 +20,19 @@ class OutputPathError(ValueError):
 
 
 def check_output_file(path: Path, option: str) -> None:
-    """Refuse an output file whose folder does not exist or that names a directory, before any work."""
+    """Refuse an output file whose folder does not exist, or that names a directory or anything
+    else a rename would destroy (a device, a pipe), before any work."""
     if path.is_dir():
         raise OutputPathError(f"{option} {path}: is a directory, not a file")
-    parent = path.parent
+    target = written_path(path)
+    if target.exists() and not target.is_file():
+        raise OutputPathError(
+            f"{option} {path}: not a regular file (a device or a pipe), which a file written in its place would "
+            "replace; name a file, or leave the option out to print"
+        )
+    parent = target.parent
+    if parent.exists() and not parent.is_dir():
+        raise OutputPathError(f"{option} {path}: {parent} is a file, not a folder")
     if not parent.is_dir():
         raise OutputPathError(f"{option} {path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
@@ -38,9 +48,23 @@ def check_output_dir(path: Path, option: str) -> None:
             return
 
 
+def written_path(path: Path) -> Path:
+    """The file a write to `path` replaces: the final target of a symbolic link (the link stays,
+    as a shell's `>` keeps it), else `path` itself."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _refuse_special(path: Path) -> None:
+    # A rename would put a regular file in place of a device or a pipe (as root, of /dev/null).
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise OSError(errno.EEXIST, "not a regular file (a device or a pipe), so it is not replaced", str(path))
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[str]]:
     """A text file handle whose content replaces `path` only when the block completes."""
+    path = written_path(path)
+    _refuse_special(path)
     fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode, encoding=encoding) as handle:
@@ -63,6 +87,8 @@ def write_atomically(path: Path, data: str | bytes) -> None:
 
 def write_with(path: Path, write: Callable[[Path], object]) -> None:
     """Let `write` fill a temporary path beside `path`, then rename it over `path`."""
+    path = written_path(path)
+    _refuse_special(path)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
     os.close(fd)
     staged = Path(name)

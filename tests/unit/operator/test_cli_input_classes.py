@@ -121,6 +121,32 @@ def test_plan_out_in_a_missing_folder_is_refused_before_any_work(tmp_path: Path)
     base = ["plan", "--stats", str(stats), "--destinations", "2", "--budget-tokens", "9000", "-o", "json"]
     one_line_error([*base, "--out", str(tmp_path / "nowhere" / "plan.json")], "--out", "does not exist")
     one_line_error([*base, "--out", str(tmp_path)], "--out")
+    (tmp_path / "afile").write_text("x")
+    one_line_error([*base, "--out", str(tmp_path / "afile" / "plan.json")], "afile is a file, not a folder")
+
+
+def test_plan_out_never_replaces_a_device_or_a_pipe(tmp_path: Path) -> None:
+    stats = tmp_path / "stats.csv"
+    stats.write_text(STATS)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    base = ["plan", "--stats", str(stats), "--destinations", "2", "--budget-tokens", "9000", "-o", "json"]
+    one_line_error([*base, "--out", str(fifo)], "--out", "not a regular file")
+    assert fifo.is_fifo()
+    # A link to one is refused too; a link to a file is written through, and stays a link.
+    link = tmp_path / "link.json"
+    link.symlink_to(fifo)
+    one_line_error([*base, "--out", str(link)], "not a regular file")
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    link.unlink()
+    link.symlink_to(target)
+    result = runner.invoke(app, [*base, "--out", str(link)])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and json.loads(target.read_text())["binaryData"]
+    with pytest.raises(OSError, match="not a regular file"):
+        write_atomically(fifo, "x")
+    assert fifo.is_fifo()
 
 
 @pytest.mark.parametrize(
