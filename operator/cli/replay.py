@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cacheroute.operator.cli.errors import fail
-from cacheroute.operator.files import OutputPathError, check_output_dir, write_with
+from cacheroute.operator.files import OutputPathError, check_output_dir, write_atomically
 from cacheroute.planner.mooncake import TraceFormatError, infer_threads, parse_key_spec, read_mooncake
 from cacheroute.planner.replay.capacity import DEFAULT_SLO_P99_TTFT_S, CapacityResult, Probe, base_qps, find_capacity
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, PROFILES, get_profile
@@ -107,7 +109,7 @@ def load_workload(workload: str | None, trace: Path | None, key: str, seed: int,
         info["window_s"] = duration
         info["requests_before_window"] = n_before
     if len(tr) < 2 or not tr.duration_s > 0:
-        where = f"--duration {duration:g}" if duration is not None else tr.name
+        where = f"--duration {duration:g}" if duration is not None else f"--trace {trace}" if trace else tr.name
         raise ReplayInputError(
             f"{where}: {len(tr):,} request(s) over {tr.duration_s:g} s; a replay needs at least two requests "
             "over a positive time" + (" (raise --duration)" if duration is not None else "")
@@ -134,11 +136,15 @@ def _unmet_note(policy: str, cap: CapacityResult, slo: float) -> str:
     )
 
 
-def _unbounded_note(policy: str, cap: CapacityResult, requests: int, slo: float) -> str:
+def _unbounded_note(policy: str, cap: CapacityResult, requests: int, slo: float, info: dict[str, Any]) -> str:
+    # A generated workload, or a trace cut by --duration, has more to give; a whole trace has not.
+    more = "workload" in info or (
+        info.get("requests_before_window", requests) > requests
+    )
+    longer = "Replay a longer window (--duration)" if more else "The whole trace was replayed: give a longer one"
     return (
         f"{policy}: capacity at least {cap.qps:.3g} QPS, not bounded by this trace: its {requests:,} requests "
-        f"arriving within {slo:g} s still meet p99 TTFT <= {slo:g} s. Replay a longer window (--duration) or "
-        "fewer --destinations."
+        f"arriving within {slo:g} s still meet p99 TTFT <= {slo:g} s. {longer}, or fewer --destinations."
     )
 
 
@@ -174,58 +180,63 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def _save_png(fig: Any, path: Path) -> None:
-    def save(staged: Path) -> None:
-        fig.savefig(staged, dpi=120, format="png")
-
-    write_with(path, save)
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format="png", bbox_inches="tight")
+    return buf.getvalue()
 
 
 def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tuple[float, float]]],
-                  hits: dict[str, float], slo: float) -> list[Path]:
+                  hits: dict[str, list[tuple[float, float]]], slo: float) -> list[Path]:
+    """Render every file first, then put them in place one right after the other: an interrupt
+    while rendering leaves the previous run's set whole."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    path = out / "replay.json"
-    text = json.dumps(_clean(report), indent=2) + "\n"
-    write_with(path, lambda staged: staged.write_text(text, encoding="utf-8"))
-    written.append(path)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    files: dict[str, bytes] = {"replay.json": (json.dumps(_clean(report), indent=2) + "\n").encode("utf-8")}
+    # Room for the legend beside the axes, and for long policy names under the bars.
+    wide = max(7.0, 4.0 + 0.45 * len(curves))
+    fig, ax = plt.subplots(figsize=(wide, 4.5))
     cmap = plt.get_cmap("tab20")
     markers = "os^Dv<>pPX*h"
     for i, (name, raw) in enumerate(curves.items()):
         pts = sorted(raw)
         xs = [q for q, _ in pts]
         ys = [p if math.isfinite(p) else float("nan") for _, p in pts]
-        ax.plot(xs, ys, marker=markers[i % len(markers)], color=cmap((2 * i) % 20), label=name)
+        ax.plot(xs, ys, marker=markers[i % len(markers)], color=cmap(i % 20 if len(curves) > 10 else 2 * i % 20), label=name)
     ax.axhline(slo, color="grey", linestyle="--", linewidth=1, label=f"SLO {slo:g}s")
     ax.set_xlabel("QPS")
     ax.set_ylabel("p99 TTFT (s)")
     ax.set_yscale("log")
     ax.set_title("p99 TTFT vs QPS (aborted probes omitted)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "ttft_p99_vs_qps.png"
-    _save_png(fig, path)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    files["ttft_p99_vs_qps.png"] = _png(fig)
     plt.close(fig)
-    written.append(path)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(wide, 4.5))
     names = list(hits)
-    ax.bar(names, [hits[n] * 100 for n in names], color="tab:blue")
+    rates = sorted({q for pts in hits.values() for q, _ in pts})
+    width = 0.8 / max(len(rates), 1)
+    for j, q in enumerate(rates):
+        ys = [next((h * 100 for r, h in hits[n] if r == q), float("nan")) for n in names]
+        xs = [i - 0.4 + width * (j + 0.5) for i in range(len(names))]
+        ax.bar(xs, ys, width=width, color=plt.get_cmap("viridis")(j / max(len(rates) - 1, 1)), label=f"{q:g} QPS")
+    ax.set_xticks(range(len(names)), names, rotation=40, ha="right")
     ax.set_ylabel("served KV hit (%)")
-    ax.set_title("served token-weighted KV hit per policy")
-    ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    path = out / "kv_hit.png"
-    _save_png(fig, path)
+    capacity = report.get("mode") == "capacity"
+    ax.set_title("served token-weighted KV hit per policy" + (", at its capacity" if capacity else ""))
+    if not capacity:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    files["kv_hit.png"] = _png(fig)
     plt.close(fig)
-    written.append(path)
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in files.items():
+        write_atomically(out / name, data)
+        written.append(out / name)
     return written
 
 
@@ -320,13 +331,23 @@ def register(app: typer.Typer) -> None:
 
         rows: list[dict[str, Any]] = []
         curves: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-        hits: dict[str, float] = {}
+        hits: dict[str, list[tuple[float, float]]] = {}
         results: list[dict[str, Any]] = []
         notes: list[str] = []
+        progress_console = Console(stderr=True)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
+                      console=progress_console, transient=True) as bar:
             runs = bar.add_task("policies", total=len(names) * (len(rates) if rates else 1))
             req_task = bar.add_task("requests", total=len(tr))
+            started = time.monotonic()
+
+            def finished(what: str) -> None:
+                bar.advance(runs)
+                # Without a terminal the bar is not drawn: a line per run says how far it got.
+                if not progress_console.is_terminal:
+                    task = bar.tasks[runs]
+                    progress_console.print(f"[{task.completed:g}/{task.total:g}] {what} "
+                                           f"({time.monotonic() - started:,.0f} s)", soft_wrap=True, highlight=False)
 
             def tick(done: int, total: int) -> None:
                 bar.update(req_task, completed=done, total=total)
@@ -341,17 +362,17 @@ def register(app: typer.Typer) -> None:
                         bar.update(req_task, completed=0)
 
                     cap: CapacityResult = find_capacity(
-                        tr, factory(name), cfg, slo_p99_ttft_s=slo_p99_ttft, start_qps=own, on_probe=record,
+                        tr, factory(name), cfg, slo_p99_ttft_s=slo_p99_ttft, start_qps=own, on_probe=record, name=name,
                     )
                     rows.append({"policy": name, "qps": cap.qps, "metrics": cap.best, "bounded": cap.bounded})
                     if not cap.bounded:
-                        notes.append(_unbounded_note(name, cap, len(tr), slo_p99_ttft))
+                        notes.append(_unbounded_note(name, cap, len(tr), slo_p99_ttft, info))
                     if cap.best is not None:
-                        hits[name] = cap.best.kv_hit
+                        hits[name] = [(cap.qps, cap.best.kv_hit)]
                     elif cap.probes:
                         notes.append(_unmet_note(name, cap, slo_p99_ttft))
                     results.append(cap.to_dict())
-                    bar.advance(runs)
+                    finished(f"capacity of {name}: {'' if cap.bounded else '>= '}{cap.qps:.3g} QPS")
                     continue
                 for q in rates or [own]:
                     bar.update(runs, description=f"{name} at {q:g} QPS")
@@ -360,9 +381,9 @@ def register(app: typer.Typer) -> None:
                     m = summarize(res)
                     rows.append({"policy": name, "qps": q, "metrics": m})
                     curves[name].append((q, m.ttft_p99_s))
-                    hits[name] = m.kv_hit
+                    hits.setdefault(name, []).append((q, m.kv_hit))
                     results.append({"policy": name, "qps": q, "settings": pol.describe(), "metrics": m.to_dict()})
-                    bar.advance(runs)
+                    finished(f"{name} at {q:g} QPS")
 
         console.print(_table(rows, capacity, slo_p99_ttft))
         for note in notes:

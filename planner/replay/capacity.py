@@ -80,15 +80,17 @@ def find_capacity(
     max_probes: int = 20,
     min_qps: float = 0.01,
     on_probe: Callable[[Probe], None] | None = None,
+    name: str | None = None,
 ) -> CapacityResult:
-    """Bisect the QPS at which p99 TTFT crosses `slo_p99_ttft_s` (see the module docstring)."""
+    """Bisect the QPS at which p99 TTFT crosses `slo_p99_ttft_s` (see the module docstring);
+    the result is reported under `name`, or the policy's own (variants of one policy share it)."""
     if not slo_p99_ttft_s > 0:
         raise ValueError("the p99 TTFT SLO must be positive")
     if not 0 < rel_tol < 1:
         raise ValueError("rel_tol must be in (0, 1)")
     cfg = replace(config or ReplayConfig(), abort_above_p99_ttft_s=slo_p99_ttft_s)
     probes: list[Probe] = []
-    name = make_policy().name
+    name = name or make_policy().name
 
     def probe(qps: float) -> Probe:
         m = replay_at(trace, qps, make_policy(), cfg)

@@ -59,6 +59,8 @@ def test_capacity_search_on_a_generated_workload(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "replay.json").read_text())
     cap = report["results"][0]
     assert cap["policy"] == "p2c" and cap["capacity_qps"] > 0
+    # Without a terminal, progress is a line per finished run on stderr.
+    assert f"[1/1] capacity of p2c: {cap['capacity_qps']:.3g} QPS" in res.stderr
     assert any(p["passed"] for p in cap["probes"]) and any(not p["passed"] for p in cap["probes"])
     assert report["workload_stats"]["requests"] > 100
 
@@ -66,10 +68,13 @@ def test_capacity_search_on_a_generated_workload(tmp_path: Path) -> None:
 def test_a_trace_too_short_to_bound_the_capacity_reports_a_lower_bound_and_why(tmp_path: Path) -> None:
     res = runner.invoke(make_app(), [
         "replay", "--workload", "sampled", "--seed", "4242", "--duration", "60", "--destinations", "8",
-        "--policies", "gie-prefix", "--capacity", "--slo-p99-ttft", "5", "--out", str(tmp_path),
+        "--policies", "gie-prefix,cacheroute-noplan", "--capacity", "--slo-p99-ttft", "5", "--out", str(tmp_path),
     ], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
-    cap = json.loads((tmp_path / "replay.json").read_text())["results"][0]
+    results = json.loads((tmp_path / "replay.json").read_text())["results"]
+    # Each result under the name it was asked by, not the name variants of one policy share.
+    assert [r["policy"] for r in results] == ["gie-prefix", "cacheroute-noplan"]
+    cap = results[0]
     assert cap["bounded"] is False and 0 < cap["capacity_qps"] < 1_000  # not millions of requests a second
     assert ">= " in res.output and "not bounded by this trace" in res.output and "--duration" in res.output
 
@@ -116,3 +121,40 @@ def test_bad_input_is_reported_without_a_traceback(args: list[str], message: str
     assert res.exit_code == 2
     assert message in res.output
     assert "Traceback" not in res.output
+
+
+def test_a_whole_trace_too_short_to_bound_the_capacity_asks_for_a_longer_trace(tmp_path: Path) -> None:
+    lines = [{"timestamp": 1000 * i, "input_length": 600, "output_length": 10, "hash_ids": [i % 3, 100 + i]}
+             for i in range(40)]
+    path = tmp_path / "short.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    res = runner.invoke(make_app(), [
+        "replay", "--trace", str(path), "--destinations", "4", "--policies", "p2c", "--capacity",
+        "--slo-p99-ttft", "30",
+    ], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "The whole trace was replayed: give a longer one" in res.output and "--duration" not in res.output
+
+
+def test_an_interrupt_while_rendering_leaves_the_previous_set_of_files_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cacheroute.operator.cli.replay as replay_cli
+
+    args = ["replay", "--workload", "low-reuse", "--duration", "20", "--destinations", "4", "--policies", "p2c",
+            "--out", str(tmp_path)]
+    assert runner.invoke(make_app(), [*args, "--qps", "1"]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"replay.json", "ttft_p99_vs_qps.png", "kv_hit.png"}
+    rendered = replay_cli._png
+
+    def interrupted_at_the_second_plot(fig: object) -> bytes:
+        if interrupted_at_the_second_plot.calls:  # type: ignore[attr-defined]
+            raise KeyboardInterrupt
+        interrupted_at_the_second_plot.calls += 1  # type: ignore[attr-defined]
+        return rendered(fig)
+
+    interrupted_at_the_second_plot.calls = 0  # type: ignore[attr-defined]
+    monkeypatch.setattr(replay_cli, "_png", interrupted_at_the_second_plot)
+    runner.invoke(make_app(), [*args, "--qps", "2"])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
