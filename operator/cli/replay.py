@@ -205,7 +205,8 @@ def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tupl
         pts = sorted(raw)
         xs = [q for q, _ in pts]
         ys = [p if math.isfinite(p) else float("nan") for _, p in pts]
-        ax.plot(xs, ys, marker=markers[i % len(markers)], color=cmap(i % 20 if len(curves) > 10 else 2 * i % 20), label=name)
+        color = cmap(i % 20 if len(curves) > 10 else 2 * i % 20)
+        ax.plot(xs, ys, marker=markers[i % len(markers)], color=color, label=name)
     ax.axhline(slo, color="grey", linestyle="--", linewidth=1, label=f"SLO {slo:g}s")
     ax.set_xlabel("QPS")
     ax.set_ylabel("p99 TTFT (s)")

@@ -50,6 +50,9 @@ class PoolMemory:
     # The memory outcome (state, message) the pool's status already told when this process
     # first saw it: not announced again by a restarted operator.
     told_memory: tuple[str, str] | None = None
+    # The generation of the StatefulSet as this process last applied it: facts read before that
+    # (kopf's index lags the apply) describe the previous spec, not a rollout that is done.
+    statefulset_generation: int = 0
 
     @classmethod
     def resumed(cls, status: Mapping[str, Any]) -> PoolMemory:
@@ -171,6 +174,8 @@ class Reconciler:
                          "replacing one replica at a time")
                 mem.template_digest = digest
             result = self.cluster.apply(obj)
+            if obj["kind"] == "StatefulSet":
+                mem.statefulset_generation = int(result["metadata"].get("generation") or 0)
             uid = str(result["metadata"]["uid"])
             if key in mem.uids and mem.uids[key] != uid:
                 emit("Warning", "Recreated", f"{key} had been deleted; created it again")
@@ -276,6 +281,7 @@ class Reconciler:
         emit: EventSink,
     ) -> dict[str, Any]:
         previous = mem.last_status if mem.last_status is not None else dict(previous_status)
+        facts = facts.applied(mem.statefulset_generation)
         new = status.build_status(
             spec, generation, memory=memory, facts=facts, previous=previous, now=self.now(), gie_missing=mem.gie_missing
         )

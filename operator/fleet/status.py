@@ -8,7 +8,7 @@ its status stays the same.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -60,6 +60,14 @@ class FleetFacts:
     pods: Sequence[PodFacts]
     statefulset: WorkloadFacts | None
     router: WorkloadFacts | None
+
+    def applied(self, statefulset_generation: int) -> FleetFacts:
+        """These facts, knowing the StatefulSet was applied at `statefulset_generation`: if they
+        show an older one, its controller has not seen the new spec yet (not settled)."""
+        sts = self.statefulset
+        if sts is None or sts.generation >= statefulset_generation:
+            return self
+        return replace(self, statefulset=replace(sts, generation=statefulset_generation))
 
 
 def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:

@@ -86,6 +86,17 @@ def test_a_rollout_is_updating_and_a_slow_start_is_pods_not_ready() -> None:
     assert (v["Ready"].reason, v["Progressing"].reason, v["Degraded"].status) == ("PodsNotReady", "Starting", "False")
 
 
+def test_facts_read_before_the_new_spec_was_applied_do_not_say_the_rollout_is_complete() -> None:
+    # kopf's index still holds the StatefulSet of the previous spec, settled, all replicas ready.
+    before = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3, generation=4, observed=4), ROUTER)
+    assert verdicts(SPEC, PLANNED, before)["Progressing"].reason == "Complete"
+    # The operator applied the new spec as generation 5: nothing has rolled yet.
+    v = verdicts(SPEC, PLANNED, before.applied(5))
+    assert (v["Progressing"].status, v["Progressing"].reason) == ("True", "Updating")
+    # Once the index shows generation 5 (or later), the facts speak for themselves.
+    assert before.applied(4) is before and before.applied(0) is before
+
+
 def test_no_available_router_is_not_ready() -> None:
     facts = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3), workload(2, 0))
     assert verdicts(SPEC, PLANNED, facts)["Ready"].reason == "RouterNotReady"
