@@ -74,7 +74,8 @@ def engine_container(spec: InferencePoolSpec, plan: MemoryPlan, defaults: Engine
         # Loading a large model takes minutes: liveness and readiness only start once this passes.
         "startupProbe": _probe(defaults.liveness_path, period, startup_failures(spec.engine.startup_timeout, period)),
         # /health answers before the model can serve; the model list only once it is served.
-        "readinessProbe": _probe(defaults.readiness_path, 5, 3),
+        # Readiness decides when routers may send to the pod: checked at least every 5 s.
+        "readinessProbe": _probe(defaults.readiness_path, min(period, 5), 3),
         "livenessProbe": _probe(defaults.liveness_path, period, 3),
         # Routers see the pod leave its EndpointSlice before vLLM stops taking requests.
         "lifecycle": {"preStop": {"sleep": {"seconds": defaults.drain_seconds}}},

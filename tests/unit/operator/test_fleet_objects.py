@@ -73,6 +73,11 @@ def test_probes_wait_for_the_startup_timeout_and_readiness_means_the_model_is_se
     drain = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     grace = pod_spec(statefulset.build_statefulset(POOL, SPEC, PLAN, CONFIG.engine))["terminationGracePeriodSeconds"]
     assert 0 < drain < grace
+    # Readiness every 5 s at most, and as often as the other probes when they are faster.
+    assert (container["readinessProbe"]["periodSeconds"], container["livenessProbe"]["periodSeconds"]) == (5, 10)
+    fast = CONFIG.engine.model_copy(update={"probe_period_seconds": 1})
+    fast_container = pod_spec(statefulset.build_statefulset(POOL, SPEC, PLAN, fast))["containers"][0]
+    assert {fast_container[p]["periodSeconds"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {1}
 
 
 def test_startup_failures_round_up() -> None:
