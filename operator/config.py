@@ -99,7 +99,9 @@ class EngineDefaults(_Model):
     )
     readiness_path: str = Field(default="/v1/models", description="Answers only once the model is served.")
     liveness_path: str = Field(default="/health", description="Liveness (and startup) probe path.")
-    probe_period_seconds: int = Field(default=10, ge=1, description="Period of the vLLM probes (readiness: this or 5 s, whichever is shorter).")
+    probe_period_seconds: int = Field(
+        default=10, ge=1, description="Period of the vLLM probes (readiness: this or 5 s, whichever is shorter)."
+    )
     cpu_request: str = Field(default="4", description="CPU request of a vLLM pod.")
     memory_request: str = Field(default="32Gi", description="Memory request of a vLLM pod.")
 

@@ -245,7 +245,12 @@ class MemoryPlanStatus(ApiModel):
     )
     host_kv_capacity_tokens: int = Field(default=0, ge=0, description="Host-memory KV tier of one replica, in tokens.")
     pod_memory_bytes: int = Field(
-        default=0, ge=0, description="Host memory an engine pod needs: the host tier plus the reserve of its GPUs."
+        default=0,
+        ge=0,
+        description=(
+            "Host memory an engine pod with a host KV tier requests: the tier plus the reserve of its GPUs. "
+            "0 without a tier: the pod then requests the operator's engine.memoryRequest."
+        ),
     )
     source: Literal["Profiled", "Analytic", "Manual"] = Field(description="Where the plan came from.")
     inputs: dict[str, str] = Field(default_factory=dict, description="What the plan was computed from.")

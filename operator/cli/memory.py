@@ -124,8 +124,9 @@ def _render_table(console: Console, plan: MemoryPlan, quantization: str, gpu_nam
 
     layout = plan.layout
     facts = [
-        f"KV capacity: {plan.kv_capacity_tokens:,} tokens per GPU "
-        f"({layout.attention_bytes_per_token:,} B per token, block {layout.block_size} tokens, "
+        f"KV capacity: {plan.kv_capacity_tokens:,} tokens per replica, each of its {plan.tp} GPU(s) holding "
+        f"a share of every token ({layout.attention_bytes_per_token:,} B per token per GPU, "
+        f"block {layout.block_size} tokens, "
         f"{plan.num_blocks:,} blocks)",
         f"longest request: {plan.max_request_tokens:,} tokens; max-model-len {plan.max_model_len:,}",
     ]

@@ -221,8 +221,13 @@ def _from_profile(
 
 def _summary(plan: MemoryPlan) -> str:
     gib = plan.kv_cache_memory_bytes / (1 << 30)
-    return (
-        f"{plan.source}: {gib:.2f} GiB KV per GPU ({plan.kv_capacity_tokens:,} tokens), "
-        f"max-num-batched-tokens {plan.max_num_batched_tokens}, max-num-seqs {plan.max_num_seqs}, "
-        f"max-model-len {plan.max_model_len}"
+    host = plan.host
+    tier = (
+        f", host KV tier {host.gib:g} GiB ({host.capacity_tokens:,} tokens, {host.source})" if host.bytes else ""
     )
+    return "; ".join([
+        f"{plan.source}: {gib:.2f} GiB KV per GPU ({plan.kv_capacity_tokens:,} tokens per replica), "
+        f"max-num-batched-tokens {plan.max_num_batched_tokens}, max-num-seqs {plan.max_num_seqs}, "
+        f"max-model-len {plan.max_model_len}{tier}",
+        *plan.notes,
+    ])

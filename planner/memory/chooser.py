@@ -89,7 +89,7 @@ def _no_fit_message(request: PlanRequest, worst: Candidate) -> str:
             continue
         other = _analytic_fit(replace(request, tp=tp))
         if other is not None:
-            hints.append(f"TP={tp} fits ({other.kv_capacity_tokens:,} KV tokens per GPU)")
+            hints.append(f"TP={tp} fits ({other.kv_capacity_tokens:,} KV tokens per replica)")
             break
     else:
         hints.append(f"no tensor parallel size up to {request.tp_limit} fits")

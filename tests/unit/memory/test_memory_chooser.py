@@ -131,6 +131,8 @@ def test_status_fields_match_the_plan() -> None:
     assert status["kv_cache_memory_bytes"] == plan.kv_cache_memory_bytes
     assert status["inputs"]["tensorParallelSize"] == "2"
     assert status["inputs"]["quantization"] == "fp8"
+    # No host tier: the pod requests the operator's configured memory, and the status says no other.
+    assert status["host_kv_cache_bytes"] == 0 and status["pod_memory_bytes"] == 0
 
 
 def test_manual_mode_keeps_the_given_bytes_and_refuses_too_many() -> None:

@@ -55,6 +55,16 @@ def test_analytic_plans_without_reading_anything() -> None:
     assert outcome.plan.source == "Analytic" and "KV per GPU" in outcome.message
 
 
+def test_the_summary_names_the_host_tier_and_why_auto_gave_none() -> None:
+    sized = spec(memory={"hostKvCacheGib": "auto"}, gpu={"nodeMemoryGib": 2048})
+    outcome, _ = decide(POOL, sized, FakeInputs(), now=NOW, profiling=PROFILING)
+    assert "tokens per replica" in outcome.message
+    assert "host KV tier 448 GiB (1,468,006 tokens, auto)" in outcome.message, outcome.message
+    unknown = spec(memory={"hostKvCacheGib": "auto"})
+    outcome, _ = decide(POOL, unknown, FakeInputs(), now=NOW, profiling=PROFILING)
+    assert "host KV tier off: the node's allocatable memory is not known" in outcome.message, outcome.message
+
+
 def test_a_model_too_large_for_its_gpus_does_not_fit_with_the_arithmetic() -> None:
     big = InferencePoolSpec.model_validate({"model": {"name": "meta-llama/Llama-3.3-70B-Instruct"}})
     outcome, job = decide(POOL, big, FakeInputs(), now=NOW, profiling=PROFILING)
