@@ -289,7 +289,7 @@ class Reconciler:
             return previous
         self._announce_conditions(previous, new, emit)
         try:
-            self.cluster.patch_pool_status(pool.namespace, pool.name, new)
+            self.cluster.patch_pool_status(pool.namespace, pool.name, status.status_patch(previous, new))
         except KubeError as exc:
             if exc.status == 404:  # the pool is being deleted
                 return previous

@@ -298,6 +298,20 @@ def build_status(
     return out
 
 
+def status_patch(previous: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that makes `previous` into `new`: a merge patch keeps the keys it does not
+    name, so those of the memory plan (and its inputs) that the new plan lacks are named null."""
+    patch = dict(new)
+    old_plan, new_plan = previous.get("memoryPlan"), new.get("memoryPlan")
+    if isinstance(old_plan, Mapping) and isinstance(new_plan, Mapping):
+        plan: dict[str, Any] = {k: None for k in old_plan if k not in new_plan} | dict(new_plan)
+        old_inputs, new_inputs = old_plan.get("inputs"), new_plan.get("inputs")
+        if isinstance(old_inputs, Mapping) and isinstance(new_inputs, Mapping):
+            plan["inputs"] = {k: None for k in old_inputs if k not in new_inputs} | dict(new_inputs)
+        patch["memoryPlan"] = plan
+    return patch
+
+
 def same_status(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Equal apart from condition timestamps (which only move with a status change anyway)."""
 

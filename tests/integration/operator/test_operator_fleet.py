@@ -333,3 +333,18 @@ def test_a_memory_input_change_rolls_one_replica_at_a_time(fleet: Fleet, kube_ap
     observe_until(rolled, at_most_one_down, "every replica rolled to the new arguments", timeout=180)
     assert fleet.operator.events("RollingUpdate", "llama")
     fleet.pools.await_condition("llama", "Ready", "True")
+
+
+def test_the_memory_plan_in_status_loses_the_inputs_the_spec_no_longer_gives(fleet: Fleet) -> None:
+    fleet.pools.create("llama", {**LLAMA_70B_FP8_TP2, "replicas": 1, "gpu": {"nodeMemoryGib": 2048}})
+
+    def plan() -> dict[str, Any]:
+        return dict(((fleet.pools.get("llama") or {}).get("status") or {}).get("memoryPlan") or {})
+
+    until(lambda: plan().get("inputs", {}).get("nodeMemoryBytes") == str(2048 << 30), "a plan with the node's memory")
+    assert plan()["hostKvCacheBytes"] > 0
+    # Without the node's memory, auto gives no host tier: the plan must not keep describing one.
+    fleet.pools.patch_spec("llama", {"gpu": {"nodeMemoryGib": None}})
+    until(lambda: plan().get("hostKvCacheBytes", 0) == 0, "the plan without a host tier", timeout=60)
+    assert "nodeMemoryBytes" not in plan()["inputs"], plan()["inputs"]
+    assert plan()["inputs"]["hostKvCache"] == "auto"
