@@ -31,7 +31,7 @@ EventSink = Callable[[EventType, str, str], None]
 
 
 # Degraded reasons told by an Event when they start (the others have Events of their own).
-_ANNOUNCED_FAILURES = frozenset({"InsufficientGPUs", "Unschedulable", "ReplicasFailing"})
+_ANNOUNCED_FAILURES = frozenset({"InsufficientGPUs", "InsufficientMemory", "Unschedulable", "ReplicasFailing"})
 
 
 @dataclass

@@ -140,9 +140,26 @@ _GPU_SHORTFALL_MARKS = ("Insufficient", "node affinity/selector")
 
 def _shortfall_reason(pod: PodFacts, spec: InferencePoolSpec) -> str:
     message = pod.unschedulable
+    if "Insufficient memory" in message and spec.gpu.resource_name not in message:
+        return "InsufficientMemory"
     if spec.gpu.resource_name in message or any(mark in message for mark in _GPU_SHORTFALL_MARKS):
         return "InsufficientGPUs"
     return "Unschedulable"
+
+
+def _needs(reason: str, spec: InferencePoolSpec, memory: MemoryOutcome) -> str:
+    """What one replica asks of a node, for the shortfall `reason`."""
+    if reason != "InsufficientMemory":
+        return (f"Each needs {spec.tensor_parallel_size} x {spec.gpu.resource_name} on one node labelled "
+                f"{GPU_PRODUCT_LABEL}={spec.gpu.product}.")
+    host = memory.plan.host if memory.plan is not None else None
+    if host is None or not host.bytes:
+        return "Each needs the operator's engine.memoryRequest of host memory on one node."
+    return (
+        f"Each needs {host.pod_memory_bytes / 2**30:,.0f} GiB of host memory on one node: its host KV tier "
+        f"({host.gib:g} GiB) and the reserve of its GPUs. Lower memory.hostKvCacheGib, or give gpu.nodeMemoryGib "
+        "so that auto sizes the tier to the node."
+    )
 
 
 def verdicts(
@@ -187,12 +204,10 @@ def verdicts(
     if short:
         names = ", ".join(p.name for p in short)
         detail = short[0].unschedulable.rstrip(". ")
+        reason = _shortfall_reason(short[0], spec)
         out["Degraded"] = Verdict(
-            "True",
-            _shortfall_reason(short[0], spec),
-            f"{len(short)} replica(s) cannot be scheduled ({names}): {detail}. Each needs "
-            f"{spec.tensor_parallel_size} x {spec.gpu.resource_name} on one node labelled "
-            f"{GPU_PRODUCT_LABEL}={spec.gpu.product}.",
+            "True", reason,
+            f"{len(short)} replica(s) cannot be scheduled ({names}): {detail}. {_needs(reason, spec, memory)}",
         )
     elif failing:
         out["Degraded"] = Verdict(

@@ -68,6 +68,20 @@ def test_a_gpu_product_no_node_has_is_insufficient_gpus_naming_the_label() -> No
     assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB" in v["Degraded"].message
 
 
+def test_a_host_tier_no_node_can_hold_is_insufficient_memory_naming_the_tier() -> None:
+    message = "0/4 nodes are available: 4 Insufficient memory."
+    spec = SPEC.model_copy(update={"memory": SPEC.memory.model_copy(update={"host_kv_cache_gib": 60000})})
+    tiered = MemoryOutcome("Planned", "planned", plan=plan_for_pool(spec, resolve_architecture(spec)))
+    facts = FleetFacts([pod(0, ready=False, unschedulable=message), pod(1), pod(2)], workload(3, 2), ROUTER)
+    v = verdicts(spec, tiered, facts)
+    assert (v["Ready"].reason, v["Degraded"].reason) == ("InsufficientMemory", "InsufficientMemory")
+    assert "host KV tier (60000 GiB)" in v["Degraded"].message and "memory.hostKvCacheGib" in v["Degraded"].message
+    assert "nvidia.com/gpu" not in v["Degraded"].message
+    # Without a tier the pod asks the configured memory.
+    v = verdicts(SPEC, PLANNED, facts)
+    assert v["Degraded"].reason == "InsufficientMemory" and "engine.memoryRequest" in v["Degraded"].message
+
+
 def test_a_replica_unschedulable_for_another_reason_is_degraded_not_left_starting() -> None:
     message = "0/4 nodes are available: 4 node(s) had untolerated taint {maintenance: true}."
     facts = FleetFacts([pod(0), pod(1), pod(2, ready=False, unschedulable=message)], workload(3, 2), ROUTER)
