@@ -89,8 +89,9 @@ def desired_objects(
     engine_exists: bool = True,
 ) -> DesiredObjects:
     """`engine_exists`: a StatefulSet of the pool is there (perhaps of an earlier spec)."""
-    # A pool that cannot start and has no replicas left to serve runs no router either.
-    idle = memory.state in STOPPED_STATES and not engine_exists
+    # A pool that cannot start and has no replicas left to serve runs no router either, nor does
+    # one scaled to zero.
+    idle = (memory.state in STOPPED_STATES and not engine_exists) or spec.replicas == 0
     engine: list[dict[str, Any]] = []
     if memory.planned and memory.plan is not None:
         engine.append(statefulset.build_statefulset(pool, spec, memory.plan, config.engine))

@@ -237,7 +237,9 @@ def verdicts(
     else:
         out["Progressing"] = Verdict("False", "Complete", f"{spec.replicas} replicas up to date")
 
-    if short:
+    if spec.replicas == 0:
+        out["Ready"] = Verdict("False", "ScaledToZero", "spec.replicas is 0: no engine serves, and no router pod runs")
+    elif short:
         out["Ready"] = Verdict("False", out["Degraded"].reason, out["Degraded"].message)
     elif ready < spec.replicas:
         reason = "Updating" if updating else "PodsNotReady"

@@ -125,6 +125,9 @@ def test_routers_run_while_the_replicas_are_planned_or_profiled() -> None:
     for outcome in (MemoryOutcome("Planned", "", plan=PLAN), MemoryOutcome("Profiling", "measuring")):
         objects = desired_objects(POOL, SPEC, outcome, CONFIG, engine_exists=False)
         assert router_replicas(objects) == SPEC.router.replicas
+    # With no engine to route to, a pool scaled to zero runs no router pod.
+    zero = SPEC.model_copy(update={"replicas": 0})
+    assert router_replicas(desired_objects(POOL, zero, MemoryOutcome("Planned", "", plan=PLAN), CONFIG)) == 0
 
 
 def test_services_select_engines_and_routers() -> None:

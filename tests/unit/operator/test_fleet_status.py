@@ -111,6 +111,13 @@ def test_facts_read_before_the_new_spec_was_applied_do_not_say_the_rollout_is_co
     assert before.applied(4) is before and before.applied(0) is before
 
 
+def test_a_pool_scaled_to_zero_is_not_ready_and_says_why() -> None:
+    zero = SPEC.model_copy(update={"replicas": 0})
+    v = verdicts(zero, PLANNED, FleetFacts([], workload(0, 0), workload(0, 0)))
+    assert (v["Ready"].status, v["Ready"].reason) == ("False", "ScaledToZero")
+    assert (v["Degraded"].status, v["Progressing"].reason) == ("False", "Complete")
+
+
 def test_no_available_router_is_not_ready() -> None:
     facts = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3), workload(2, 0))
     assert verdicts(SPEC, PLANNED, facts)["Ready"].reason == "RouterNotReady"
