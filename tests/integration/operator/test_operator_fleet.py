@@ -126,6 +126,15 @@ def test_scaling_adds_the_next_ordinals_and_removes_the_highest(fleet: Fleet, ku
           "the highest ordinals gone", timeout=90)
     fleet.pools.await_condition("llama", "Ready", "True")
 
+    # Zero: nothing to route to, so no router pod either, and the pool says so.
+    fleet.pools.patch_spec("llama", {"replicas": 0})
+    fleet.pools.await_condition("llama", "Ready", "False", "ScaledToZero")
+    apps = client.AppsV1Api(kube_api)
+    until(lambda: apps.read_namespaced_deployment("llama-router", fleet.namespace).spec.replicas == 0,
+          "the router Deployment at 0")
+    fleet.pools.patch_spec("llama", {"replicas": 1})
+    fleet.pools.await_condition("llama", "Ready", "True", timeout=120)
+
 
 def whole_free_nodes(kube_api: Any) -> tuple[int, int]:
     """Sandbox nodes whose 8 GPUs are all free, and the next unused node index."""
