@@ -2,8 +2,9 @@
 
 Each pool's daemon runs a status pass whenever one of its engine pods, its StatefulSet or its router
 Deployment changes (so Ready follows the pods within moments), and at the latest every
-`status_seconds`; a pass re-applies every owned object every `resync_seconds` (drift repair). Watch
-caches (kopf indexes) of those objects feed the status without extra API calls.
+`status_seconds`; a pass re-applies every owned object every `resync_seconds` (drift repair), and
+at once after its StatefulSet or router Deployment was deleted. Watch caches (kopf indexes) of
+those objects feed the status without extra API calls.
 """
 
 from __future__ import annotations
@@ -166,6 +167,9 @@ async def pool_changed(*, body: Any, memo: Any, logger: Any, **kwargs: Any) -> N
 COALESCE_SECONDS = 0.25
 # Set when an object of the pool changes: its daemon runs a status pass now rather than at the tick.
 _CHANGED: dict[tuple[str, str], asyncio.Event] = {}
+# Pools whose StatefulSet or router Deployment was deleted: their next pass re-applies every owned
+# object at once (an engine or router outage until then), not at the next resync.
+_REPAIR: set[tuple[str, str]] = set()
 
 
 def _changed(namespace: str | None, pool: str | None) -> asyncio.Event | None:
@@ -175,12 +179,24 @@ def _changed(namespace: str | None, pool: str | None) -> asyncio.Event | None:
 
 
 @kopf.on.event("pods", labels=ENGINE)
-@kopf.on.event("statefulsets", labels=ENGINE)
-@kopf.on.event("deployments", labels=ROUTER)
-async def pool_object_changed(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+async def pool_pod_changed(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
     flag = _changed(namespace, labels.get(names.POOL))
     if flag is not None:
         flag.set()
+
+
+@kopf.on.event("statefulsets", labels=ENGINE)
+@kopf.on.event("deployments", labels=ROUTER)
+async def pool_workload_changed(
+    *, namespace: str | None, labels: Mapping[str, str], type: str | None, **_: Any
+) -> None:
+    pool = labels.get(names.POOL)
+    flag = _changed(namespace, pool)
+    if flag is None:
+        return
+    if type == "DELETED" and namespace is not None and pool is not None:
+        _REPAIR.add((namespace, pool))
+    flag.set()
 
 
 @kopf.daemon(GROUP, VERSION, POOLS, cancellation_timeout=10)
@@ -199,10 +215,13 @@ async def pool_status(*, stopped: Any, body: Any, memo: Any, logger: Any, **kwar
             flag.clear()
             if stopped:
                 return
-            full = time.monotonic() - float(memo["last_full"]) >= CTX.resync_seconds
+            repair = key in _REPAIR
+            _REPAIR.discard(key)
+            full = repair or time.monotonic() - float(memo["last_full"]) >= CTX.resync_seconds
             try:
                 await _pass(body=body, memo=memo, logger=logger, indexes=kwargs, full=full)
             except Exception as exc:  # the next change or tick tries again
                 logger.error(f"status pass failed: {exc}")
     finally:
         _CHANGED.pop(key, None)
+        _REPAIR.discard(key)

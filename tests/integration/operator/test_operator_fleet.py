@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +21,7 @@ from cacheroute.operator.fleet.profiling_job import plan_for_pool, resolve_archi
 from cacheroute.planner.plan_format import decode_plan
 from cacheroute.sandbox import nodes
 from tests.integration.operator.conftest import Fleet
-from tests.support.operator import LLAMA_70B_FP8_TP2, observe_until, sleep_observing, until
+from tests.support.operator import LLAMA_70B_FP8_TP2, OperatorProcess, Pools, observe_until, sleep_observing, until
 
 pytestmark = pytest.mark.integration
 
@@ -357,3 +358,34 @@ def test_the_memory_plan_in_status_loses_the_inputs_the_spec_no_longer_gives(fle
     until(lambda: plan().get("hostKvCacheBytes", 0) == 0, "the plan without a host tier", timeout=60)
     assert "nodeMemoryBytes" not in plan()["inputs"], plan()["inputs"]
     assert plan()["inputs"]["hostKvCache"] == "auto"
+
+
+def test_a_deleted_statefulset_or_router_deployment_is_back_in_seconds_not_at_the_resync(
+    operator_kubeconfig: Path, pools: Pools, namespace: str, tmp_path: Path, kube_api: Any
+) -> None:
+    # A resync far beyond the test: only the deletion itself can bring the objects back.
+    operator = OperatorProcess(namespace=namespace, kubeconfig=operator_kubeconfig, workdir=tmp_path,
+                               resync=600).start()
+    try:
+        pools.create("llama", {**LLAMA_70B_FP8_TP2, "replicas": 2})
+        pools.await_condition("llama", "Ready", "True", timeout=120)
+        apps = client.AppsV1Api(kube_api)
+        for read, delete, what in (
+            (apps.read_namespaced_stateful_set, apps.delete_namespaced_stateful_set, "llama"),
+            (apps.read_namespaced_deployment, apps.delete_namespaced_deployment, "llama-router"),
+        ):
+            old_uid = read(what, namespace).metadata.uid
+            delete(what, namespace)
+
+            def back(read: Any = read, what: str = what, old_uid: str = old_uid) -> bool:
+                try:
+                    return bool(read(what, namespace).metadata.uid != old_uid)
+                except client.ApiException:
+                    return False
+
+            until(back, f"{what} recreated", timeout=20)
+        pools.await_condition("llama", "Ready", "True", timeout=120)
+        assert len(operator.events("Recreated", "llama")) >= 2
+    finally:
+        pools.remove_all()
+        operator.stop()
