@@ -286,9 +286,10 @@ class InferencePool(ApiModel):
     crd_categories: ClassVar[tuple[str, ...]] = ("cacheroute",)
     crd_printer_columns: ClassVar[tuple[dict[str, Any], ...]] = (
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+        {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
-        {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas", "priority": 1},
         {"name": "TP", "type": "integer", "jsonPath": ".spec.tensorParallelSize"},
-        {"name": "GPU", "type": "string", "jsonPath": ".spec.gpu.product"},
+        {"name": "GPU", "type": "string", "jsonPath": ".spec.gpu.product", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     )
