@@ -24,7 +24,7 @@ from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, PROFILES, get_pr
 from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
 from cacheroute.planner.replay.planned import DEFAULT_CONTROL_PERIOD_S, DEFAULT_WINDOW_S, PlannerSettings
 from cacheroute.planner.replay.registry import POLICIES, make_policy, policy_names
-from cacheroute.planner.replay.run import ReplayConfig, replay_trace
+from cacheroute.planner.replay.run import ReplayConfig, check_fits, replay_trace
 from cacheroute.planner.trace import RequestTrace
 from cacheroute.planner.tracestats import TraceStats, trace_stats
 from cacheroute.planner.workloads import PRESETS, SAMPLED, generate, workload_spec
@@ -314,6 +314,7 @@ def register(app: typer.Typer) -> None:
             cfg = ReplayConfig(destinations=destinations, profile=prof, warmup_fraction=warmup, seed=seed)
             with console.status("preparing the workload"):
                 tr, stats, info = load_workload(workload, trace, key, seed, duration)
+            check_fits(tr, prof.kv_capacity_tokens)
         except (ReplayInputError, TraceFormatError, OutputPathError, ValueError) as exc:
             raise fail(str(exc)) from None
 

@@ -100,13 +100,17 @@ class ReplayResult:
         return self.start_s - self.arrival_s
 
 
-def _check_fits(trace: RequestTrace, out: npt.NDArray[np.int64], capacity: int) -> None:
+def check_fits(trace: RequestTrace, capacity: int) -> None:
+    """Refuse a trace with a request no destination's KV cache can hold at all."""
+    out = np.maximum(trace.output_tokens, 1)
     need = np.diff(trace.block_offsets) * trace.block_size + out
     worst = int(np.argmax(need)) if len(need) else 0
     if len(need) and int(need[worst]) > capacity:
+        too_long = int(np.count_nonzero(need > capacity))
         raise ValueError(
-            f"request {worst} needs {int(need[worst])} tokens of KV (prompt blocks + output), more "
-            f"than one destination holds ({capacity}); raise the KV capacity or drop long requests"
+            f"{too_long:,} request(s) need more KV than one destination holds ({capacity:,} tokens): the longest, "
+            f"arriving at {float(trace.arrival_s[worst]):.3f} s, needs {int(need[worst]):,} (prompt blocks + "
+            "output); raise the KV capacity or drop such requests"
         )
 
 
@@ -121,7 +125,7 @@ def replay_trace(
     n = len(trace)
     profile = cfg.profile
     out_arr = np.maximum(trace.output_tokens, 1)
-    _check_fits(trace, out_arr, profile.kv_capacity_tokens)
+    check_fits(trace, profile.kv_capacity_tokens)
     arrival: list[float] = trace.arrival_s.tolist()
     req = RequestTable(arrival, trace.input_tokens.tolist(), out_arr.tolist())
     offsets: list[int] = trace.block_offsets.tolist()

@@ -158,3 +158,17 @@ def test_an_interrupt_while_rendering_leaves_the_previous_set_of_files_whole(
     monkeypatch.setattr(replay_cli, "_png", interrupted_at_the_second_plot)
     runner.invoke(make_app(), [*args, "--qps", "2"])
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_request_no_destination_can_hold_is_bad_input_not_an_internal_error(tmp_path: Path) -> None:
+    lines = [{"timestamp": 1000 * i, "input_length": 600, "output_length": 10, "hash_ids": [i, 100 + i]}
+             for i in range(5)]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    res = runner.invoke(make_app(), [
+        "replay", "--trace", str(path), "--destinations", "2", "--policies", "p2c", "--qps", "1",
+        "--kv-capacity-tokens", "500",
+    ], env={"COLUMNS": "400"})
+    assert res.exit_code == 2, res.output
+    assert "5 request(s) need more KV than one destination holds (500 tokens)" in res.output
+    assert "internal error" not in res.output

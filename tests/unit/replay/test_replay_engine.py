@@ -80,7 +80,7 @@ def test_waiting_requests_queue_until_kv_frees(make_trace, make_profile) -> None
 
 def test_oversized_requests_are_rejected_with_a_clear_error(make_trace, make_profile) -> None:
     trace = make_trace([(0.0, "a", 40, 1, list(range(10)))])
-    with pytest.raises(ValueError, match="needs 41 tokens of KV"):
+    with pytest.raises(ValueError, match=r"needs 41 \(prompt blocks"):
         replay_trace(trace, RoundRobin(), _one_destination(make_profile(kv_capacity_tokens=32)))
 
 
