@@ -49,6 +49,8 @@ def parse_key_spec(spec: str) -> tuple[str, int]:
 
 
 def _field_int(obj: dict[str, object], name: str, where: str, minimum: int, maximum: int = MAX_TOKENS) -> int:
+    if name not in obj:
+        raise TraceFormatError(f"{where}: field {name!r} is missing")
     v = obj.get(name)
     if (
         isinstance(v, bool)
@@ -145,7 +147,8 @@ def parse_mooncake_lines(
 def read_mooncake(path: str | Path, *, key: str = "first-blocks:4", name: str | None = None) -> RequestTrace:
     """Read a Mooncake JSONL file (the only I/O in trace handling)."""
     p = Path(path)
-    with p.open("r", encoding="utf-8") as fh:
+    # utf-8-sig: a file saved with a byte-order mark (as some editors write them) reads the same.
+    with p.open("r", encoding="utf-8-sig") as fh:
         return parse_mooncake_lines(fh, key=key, name=name or p.stem, source=str(p))
 
 

@@ -26,6 +26,9 @@ from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
 
 COLUMNS = ("key", "rate", "prompt_tokens", "prefix_tokens", "output_tokens")
 _NUMERIC = COLUMNS[1:]
+# Beyond these a row describes no fleet (a million requests a second into one pool, prompts of ten
+# million tokens), and sums over rows would overflow to inf.
+_MAXIMA = {"rate": 1e6, "prompt_tokens": 1e7, "prefix_tokens": 1e7, "output_tokens": 1e7}
 
 
 class StatsFileError(ValueError):
@@ -41,6 +44,8 @@ def _number(value: object, column: str, where: str) -> float:
         raise StatsFileError(f"{where}: column {column!r} must be a number, got {value!r}") from None
     if not math.isfinite(x) or x < 0:
         raise StatsFileError(f"{where}: column {column!r} must be finite and >= 0, got {value!r}")
+    if x > _MAXIMA[column]:
+        raise StatsFileError(f"{where}: column {column!r} must be at most {_MAXIMA[column]:g}, got {value!r}")
     return x
 
 
@@ -126,7 +131,7 @@ def parse_stats(text: str, source: str = "<stats>", fmt: str | None = None) -> K
 def read_stats(path: Path) -> KeyStats:
     """Read a statistics file (format from its extension, else from its first character)."""
     try:
-        text = path.read_text("utf-8")
+        text = path.read_text("utf-8-sig")  # a leading byte-order mark is not part of the header
     except UnicodeDecodeError as exc:
         raise StatsFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:

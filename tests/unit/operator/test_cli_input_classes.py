@@ -98,6 +98,7 @@ def test_memory_plan_gpu_memory_beyond_any_gpu() -> None:
         ({"hash_ids": [10**30, 1]}, None, "hash_ids"),
         ({}, '{"timestamp": 1, "input_length": ' + "9" * 5000 + "}", "trace.jsonl line 6"),
         ({}, "[" * 100_000, "trace.jsonl line 6"),
+        ({}, '{"timestamp": 1, "input_length": 600, "hash_ids": [1, 2]}', "field 'output_length' is missing"),
     ],
 )
 def test_plan_trace_with_bad_numbers(tmp_path: Path, change: dict[str, Any], raw: str | None, problem: str) -> None:
@@ -154,7 +155,9 @@ def test_plan_out_never_replaces_a_device_or_a_pipe(tmp_path: Path) -> None:
     [(b"key,rate\n\xff\xfe,1\n", "not UTF-8"), (b"key,rate,prompt_tokens,prefix_tokens,output_tokens\na,inf,1,1,1\n",
      "finite"), (b"key,rate,prompt_tokens,prefix_tokens,output_tokens\na,1e400,1,1,1\n", "finite"),
      (b'{"key": "a", "rate": NaN, "prompt_tokens": 1, "prefix_tokens": 0, "output_tokens": 1}\n', "rate"),
-     (b"key,rate,prompt_tokens,prefix_tokens,output_tokens\na,1,1,1,1,7\n", "line 2: 6 cells for 5 columns")],
+     (b"key,rate,prompt_tokens,prefix_tokens,output_tokens\na,1,1,1,1,7\n", "line 2: 6 cells for 5 columns"),
+     (b"key,rate,prompt_tokens,prefix_tokens,output_tokens\na,1e308,1e300,50,10\n",
+      "line 2: column 'rate' must be at most")],
 )
 def test_plan_statistics_that_are_not_usable(tmp_path: Path, content: bytes, problem: str) -> None:
     stats = tmp_path / "stats.csv"
@@ -321,3 +324,15 @@ def test_configmaps_with_bad_base64_are_a_payload_error_not_a_crash() -> None:
     for bad in bad_ones:
         with pytest.raises(PayloadError, match=r"plan\.json\.gz"):
             configmap_files({"a": _ConfigMap(bad)})
+
+
+def test_files_saved_with_a_byte_order_mark_read_as_without(tmp_path: Path) -> None:
+    stats = tmp_path / "stats.csv"
+    stats.write_bytes(b"\xef\xbb\xbf" + STATS.encode())
+    base = ["--destinations", "2", "--budget-tokens", "9000", "-o", "json"]
+    result = runner.invoke(app, ["plan", "--stats", str(stats), *base])
+    assert result.exit_code == 0, result.output
+    bom_trace = trace(tmp_path)
+    bom_trace.write_bytes(b"\xef\xbb\xbf" + bom_trace.read_bytes())
+    result = runner.invoke(app, ["plan", "--trace", str(bom_trace), *base])
+    assert result.exit_code == 0, result.output
