@@ -31,6 +31,8 @@ from cacheroute.planner.memory.presets import PRESET_CONFIGS, preset_key
 
 GIB = 1 << 30
 OUTPUTS = ("table", "json", "args")
+# What vLLM's --mamba-ssm-cache-dtype accepts (operator/fleet/vllm-serve-options-*.txt).
+MAMBA_SSM_DTYPES = ("auto", "float32", "float16")
 # A Hugging Face config.json is a few kilobytes; anything past this is not one.
 MAX_CONFIG_BYTES = 16 << 20
 # Bounds of the token counts, as the InferencePool allows them (memory.maxModelLen, maxNumBatchedTokens).
@@ -60,7 +62,13 @@ def _load_model(spec: str) -> ModelArchitecture:
     except ValueError as exc:  # bad JSON, or an integer of thousands of digits
         raise MemoryPlanError(f"cannot read {path} as a config.json: {exc}") from None
     name = config.get("_name_or_path") if isinstance(config, dict) else None
-    return architecture_from_config(config, name=name or path.parent.name or path.stem)
+    try:
+        return architecture_from_config(config, name=name or path.parent.name or path.stem)
+    except MemoryPlanError as exc:
+        # The parser speaks of "config.json"; the user gave a path, maybe named otherwise.
+        text = str(exc)
+        prefix = "config.json:"
+        raise MemoryPlanError(f"{path}:{text[len(prefix):]}" if text.startswith(prefix) else text) from None
 
 
 def _count_or_auto(value: str, option: str, limit: int) -> int | None:
@@ -184,8 +192,13 @@ def memory_plan(
         ),
     ] = None,
     mamba_ssm_dtype: Annotated[
-        str | None, typer.Option("--mamba-ssm-dtype", help="SSM state dtype of hybrids (bfloat16, float32).")
-    ] = None,
+        str,
+        typer.Option(
+            "--mamba-ssm-dtype",
+            help="SSM state dtype of hybrids, as vLLM's --mamba-ssm-cache-dtype takes it: auto (the model's), "
+            "float32 or float16.",
+        ),
+    ] = "auto",
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching")] = True,
     output: Annotated[str, typer.Option("--output", "-o", help="table, json or args.")] = "table",
 ) -> None:
@@ -197,6 +210,7 @@ def memory_plan(
     auto_len = max_model_len is not None and max_model_len.strip().lower() == "auto"
     length = None if max_model_len is None else _count_or_auto(max_model_len, "--max-model-len", MAX_MODEL_LEN)
     batched = _count_or_auto(mnbt, "--mnbt", MAX_MNBT)
+    ssm_dtype = _choice(mamba_ssm_dtype.lower(), MAMBA_SSM_DTYPES, "--mamba-ssm-dtype")
     try:
         gpu_model = custom_gpu(gpu_memory_gib, gpu) if gpu_memory_gib is not None else gpu_by_name(gpu)
         request = PlanRequest(
@@ -212,7 +226,7 @@ def memory_plan(
             safety_margin_bytes=int(margin_gib * GIB),
             prefix_caching=prefix_caching,
             weights_bytes=int(weights_gib * GIB) if weights_gib is not None else None,
-            mamba_ssm_dtype=mamba_ssm_dtype,
+            mamba_ssm_dtype=None if ssm_dtype == "auto" else ssm_dtype,
         )
         plan = plan_memory(request)
     except MemoryPlanError as exc:

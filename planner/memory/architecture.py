@@ -254,8 +254,26 @@ def _mixers(config: Mapping[str, Any], num_layers: int) -> tuple[Mixer, ...]:
         interval = _positive_int(config, "full_attention_interval")
         hybrid: list[Mixer] = ["attention" if (i + 1) % interval == 0 else "gdn" for i in range(num_layers)]
         return tuple(hybrid)
+    _refuse_sliding_window(config)
     dense: list[Mixer] = ["attention"] * num_layers
     return tuple(dense)
+
+
+def _refuse_sliding_window(config: Mapping[str, Any]) -> None:
+    """A window shorter than the context bounds the KV of some or all layers: the memory model
+    counts every layer's KV for the whole context, which such a model does not hold."""
+    window = config.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        return
+    if config.get("use_sliding_window") is False:  # Qwen2-style: the window is declared, not used
+        return
+    context = config.get("max_position_embeddings")
+    if isinstance(context, int) and not isinstance(context, bool) and window >= context:
+        return
+    raise MemoryPlanError(
+        f"config.json: sliding-window attention (sliding_window {window}, shorter than the context) is not "
+        "modelled: the plan would count KV its layers do not hold"
+    )
 
 
 def _moe(config: Mapping[str, Any]) -> MoeSpec | None:

@@ -103,3 +103,32 @@ def test_weights_and_ssm_dtype_overrides() -> None:
     assert fp32["layout"]["blockSize"] == 1056 and "--mamba-ssm-cache-dtype" in fp32["flags"]
     bad = runner.invoke(app(), [*base, "--mamba-ssm-dtype", "int3"])
     assert bad.exit_code == 2 and "int3" in bad.output
+    # Only what vLLM's flag takes: bfloat16 would start no engine. Checked for dense models too.
+    for value in ("bfloat16", "garbage"):
+        refused = runner.invoke(app(), ["memory-plan", "--model", "llama-3.1-8b", "--mamba-ssm-dtype", value])
+        assert refused.exit_code == 2 and "float32, float16" in " ".join(refused.output.replace("│", " ").split())
+
+
+def test_an_mnbt_below_vllms_sequences_says_it_lowered_them() -> None:
+    args = ["memory-plan", "--model", "llama-3.1-8b", "--mnbt", "100", "-o", "json"]
+    out = json.loads(runner.invoke(app(), args).stdout)
+    assert out["maxNumSeqs"] == 100
+    assert any("max-num-seqs lowered to 100" in note for note in out["notes"])
+    default = json.loads(runner.invoke(app(), ["memory-plan", "--model", "llama-3.1-8b", "-o", "json"]).stdout)
+    assert not any("max-num-seqs lowered" in note for note in default["notes"])
+
+
+def test_a_sliding_window_config_is_refused_naming_the_file(tmp_path: Path) -> None:
+    config = {
+        "model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 32768,
+    }
+    path = tmp_path / "mistral_sw.json"
+    for extra, refused in (({"sliding_window": 4096}, True), ({"sliding_window": 4096, "use_sliding_window": True},
+                           True), ({"sliding_window": 4096, "use_sliding_window": False}, False),
+                           ({"sliding_window": None}, False), ({"sliding_window": 32768}, False)):
+        path.write_text(json.dumps({**config, **extra}))
+        result = runner.invoke(app(), ["memory-plan", "--model", str(path)])
+        assert (result.exit_code == 2) is refused, (extra, result.output)
+        if refused:
+            assert f"{path}: sliding-window attention" in " ".join(result.output.split())
