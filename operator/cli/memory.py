@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -83,6 +83,16 @@ def _count_or_auto(value: str, option: str, limit: int) -> int | None:
     return number
 
 
+def _host_kv(value: str | None) -> int | Literal["auto"] | None:
+    """--host-kv-gib as the plan request takes it: bytes, auto, or None (no tier)."""
+    if value is None:
+        return None
+    if value.strip().lower() == "auto":
+        return "auto"
+    gib = _count_or_auto(value, "--host-kv-gib", 65_536) if value.strip() not in ("0", "") else 0
+    return None if not gib else gib * GIB
+
+
 def _choice(value: str, choices: tuple[str, ...], option: str) -> str:
     if value not in choices:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}", param_hint=option)
@@ -138,6 +148,12 @@ def _render_table(console: Console, plan: MemoryPlan, quantization: str, gpu_nam
         f"{plan.num_blocks:,} blocks)",
         f"longest request: {plan.max_request_tokens:,} tokens; max-model-len {plan.max_model_len:,}",
     ]
+    if plan.host.bytes:
+        facts.append(
+            f"host KV tier: {plan.host.gib:g} GiB per replica ({plan.host.source}), "
+            f"{plan.host.capacity_tokens:,} tokens; the pod requests {plan.host.pod_memory_bytes / GIB:,.0f} GiB "
+            "of host memory"
+        )
     if layout.hybrid:
         facts.append(
             f"recurrent state: {layout.state_bytes_per_seq / (1 << 20):,.1f} MiB per running sequence "
@@ -200,6 +216,22 @@ def memory_plan(
         ),
     ] = "auto",
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching")] = True,
+    host_kv_gib: Annotated[
+        str | None,
+        typer.Option(
+            "--host-kv-gib",
+            help="Host-memory KV tier of one replica in GiB (0: none), or auto: its share of --node-memory-gib "
+            "less --host-reserve-gib per GPU (InferencePool memory.hostKvCacheGib). Default: none.",
+        ),
+    ] = None,
+    node_memory_gib: Annotated[
+        float | None,
+        typer.Option("--node-memory-gib", min=1, max=1 << 20, help="Allocatable memory of one node, for auto."),
+    ] = None,
+    host_reserve_gib: Annotated[
+        float,
+        typer.Option("--host-reserve-gib", min=0, max=4096, help="Host memory kept per GPU for the engine, for auto."),
+    ] = 32.0,
     output: Annotated[str, typer.Option("--output", "-o", help="table, json or args.")] = "table",
 ) -> None:
     """Choose vLLM's memory flags from the model's worst-case execution path."""
@@ -211,6 +243,7 @@ def memory_plan(
     length = None if max_model_len is None else _count_or_auto(max_model_len, "--max-model-len", MAX_MODEL_LEN)
     batched = _count_or_auto(mnbt, "--mnbt", MAX_MNBT)
     ssm_dtype = _choice(mamba_ssm_dtype.lower(), MAMBA_SSM_DTYPES, "--mamba-ssm-dtype")
+    host_kv = _host_kv(host_kv_gib)
     try:
         gpu_model = custom_gpu(gpu_memory_gib, gpu) if gpu_memory_gib is not None else gpu_by_name(gpu)
         request = PlanRequest(
@@ -227,6 +260,9 @@ def memory_plan(
             prefix_caching=prefix_caching,
             weights_bytes=int(weights_gib * GIB) if weights_gib is not None else None,
             mamba_ssm_dtype=None if ssm_dtype == "auto" else ssm_dtype,
+            host_kv=host_kv,
+            node_memory_bytes=int(node_memory_gib * GIB) if node_memory_gib is not None else None,
+            host_reserve_bytes_per_gpu=int(host_reserve_gib * GIB),
         )
         plan = plan_memory(request)
     except MemoryPlanError as exc:

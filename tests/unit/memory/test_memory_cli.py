@@ -132,3 +132,18 @@ def test_a_sliding_window_config_is_refused_naming_the_file(tmp_path: Path) -> N
         assert (result.exit_code == 2) is refused, (extra, result.output)
         if refused:
             assert f"{path}: sliding-window attention" in " ".join(result.output.split())
+
+
+def test_the_host_tier_is_planned_as_a_pool_would_have_it() -> None:
+    base = ["memory-plan", "--model", "llama-3.3-70b", "-q", "fp8", "--tp", "2", "-o", "json"]
+    auto = json.loads(runner.invoke(app(), [*base, "--host-kv-gib", "auto", "--node-memory-gib", "2048"]).stdout)
+    # docs/memory-plan.md: a 2 TiB node, 8 GPUs, 32 GiB reserve each: 448 GiB per TP=2 replica.
+    assert (auto["hostKvCacheBytes"], auto["hostKvSource"]) == (448 << 30, "auto")
+    assert auto["flags"][-4:] == ["--kv-offloading-backend", "native", "--kv-offloading-size", "448"]
+    unknown = json.loads(runner.invoke(app(), [*base, "--host-kv-gib", "auto"]).stdout)
+    assert unknown["hostKvCacheBytes"] == 0 and any("not known" in n for n in unknown["notes"])
+    given = json.loads(runner.invoke(app(), [*base, "--host-kv-gib", "100"]).stdout)
+    assert given["hostKvCacheBytes"] == 100 << 30 and given["hostKvSource"] == "given"
+    assert json.loads(runner.invoke(app(), base).stdout)["hostKvSource"] == "off"
+    bad = runner.invoke(app(), [*base, "--host-kv-gib", "lots"])
+    assert bad.exit_code == 2 and "--host-kv-gib" in bad.output
