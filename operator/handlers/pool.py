@@ -10,7 +10,6 @@ those objects feed the status without extra API calls.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -199,6 +198,17 @@ async def pool_workload_changed(
     flag.set()
 
 
+async def _woken(flag: asyncio.Event, stopped: Any, seconds: float) -> None:
+    """Until an object of the pool changes, the daemon is asked to stop (a deleted pool: it then
+    ends at once rather than being cancelled), or `seconds` pass."""
+    waits = {asyncio.ensure_future(flag.wait()), asyncio.ensure_future(stopped.wait())}
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+
+
 @kopf.daemon(GROUP, VERSION, POOLS, cancellation_timeout=10)
 async def pool_status(*, stopped: Any, body: Any, memo: Any, logger: Any, **kwargs: Any) -> None:
     _state(memo, body)
@@ -208,8 +218,8 @@ async def pool_status(*, stopped: Any, body: Any, memo: Any, logger: Any, **kwar
     assert flag is not None
     try:
         while not stopped:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(flag.wait(), timeout=CTX.status_seconds)
+            await _woken(flag, stopped, CTX.status_seconds)
+            if flag.is_set() and not stopped:
                 # Replicas change in bursts: one pass for the burst, not one per pod.
                 await asyncio.sleep(COALESCE_SECONDS)
             flag.clear()

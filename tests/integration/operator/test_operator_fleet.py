@@ -284,6 +284,8 @@ def test_deleting_the_pool_removes_everything_it_owned(fleet: Fleet, kube_api: A
     )
     core = client.CoreV1Api(kube_api)
     until(lambda: not engine_pods(core, fleet.namespace, "llama"), "the engine pods gone", timeout=90)
+    # The pool's status daemon ended when asked, not cancelled by kopf (a warning in every log).
+    assert not [r for r in fleet.operator.records() if "Will escalate" in r.get("msg", "")]
 
 
 def test_a_model_that_does_not_fit_is_degraded_with_the_arithmetic_and_starts_nothing(
