@@ -138,9 +138,7 @@ def _unmet_note(policy: str, cap: CapacityResult, slo: float) -> str:
 
 def _unbounded_note(policy: str, cap: CapacityResult, requests: int, slo: float, info: dict[str, Any]) -> str:
     # A generated workload, or a trace cut by --duration, has more to give; a whole trace has not.
-    more = "workload" in info or (
-        info.get("requests_before_window", requests) > requests
-    )
+    more = "workload" in info or info.get("requests_before_window", requests) > requests
     longer = "Replay a longer window (--duration)" if more else "The whole trace was replayed: give a longer one"
     return (
         f"{policy}: capacity at least {cap.qps:.3g} QPS, not bounded by this trace: its {requests:,} requests "
@@ -218,15 +216,18 @@ def write_outputs(out: Path, report: dict[str, Any], curves: dict[str, list[tupl
 
     fig, ax = plt.subplots(figsize=(wide, 4.5))
     names = list(hits)
-    rates = sorted({q for pts in hits.values() for q, _ in pts})
+    # Fixed rates: one bar per policy and rate. Capacity: one bar per policy, each at its own rate.
+    capacity = report.get("mode") == "capacity"
+    fixed: list[float | None] = [*sorted({q for pts in hits.values() for q, _ in pts})]
+    rates = [None] if capacity else fixed
     width = 0.8 / max(len(rates), 1)
     for j, q in enumerate(rates):
-        ys = [next((h * 100 for r, h in hits[n] if r == q), float("nan")) for n in names]
+        ys = [next((h * 100 for r, h in hits[n] if q is None or r == q), float("nan")) for n in names]
         xs = [i - 0.4 + width * (j + 0.5) for i in range(len(names))]
-        ax.bar(xs, ys, width=width, color=plt.get_cmap("viridis")(j / max(len(rates) - 1, 1)), label=f"{q:g} QPS")
+        color = plt.get_cmap("viridis")(j / max(len(rates) - 1, 1))
+        ax.bar(xs, ys, width=width, color=color, label="" if q is None else f"{q:g} QPS")
     ax.set_xticks(range(len(names)), names, rotation=40, ha="right")
     ax.set_ylabel("served KV hit (%)")
-    capacity = report.get("mode") == "capacity"
     ax.set_title("served token-weighted KV hit per policy" + (", at its capacity" if capacity else ""))
     if not capacity:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
