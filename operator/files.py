@@ -25,7 +25,7 @@ def check_output_file(path: Path, option: str) -> None:
     if path.is_dir():
         raise OutputPathError(f"{option} {path}: is a directory, not a file")
     target = written_path(path)
-    if target.exists() and not target.is_file():
+    if _special(target):
         raise OutputPathError(
             f"{option} {path}: not a regular file (a device or a pipe), which a file written in its place would "
             "replace; name a file, or leave the option out to print"
@@ -54,9 +54,14 @@ def written_path(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
+def _special(path: Path) -> bool:
+    """A device, a pipe or a socket: a rename would put a regular file in its place (as root, in
+    place of /dev/null)."""
+    return path.exists() and not path.is_file() and not path.is_dir()
+
+
 def _refuse_special(path: Path) -> None:
-    # A rename would put a regular file in place of a device or a pipe (as root, of /dev/null).
-    if path.exists() and not path.is_file() and not path.is_dir():
+    if _special(path):
         raise OSError(errno.EEXIST, "not a regular file (a device or a pipe), so it is not replaced", str(path))
 
 

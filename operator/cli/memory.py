@@ -85,12 +85,14 @@ def _count_or_auto(value: str, option: str, limit: int) -> int | None:
 
 def _host_kv(value: str | None) -> int | Literal["auto"] | None:
     """--host-kv-gib as the plan request takes it: bytes, auto, or None (no tier)."""
-    if value is None:
-        return None
-    if value.strip().lower() == "auto":
+    text = "0" if value is None else value.strip().lower()
+    if text == "auto":
         return "auto"
-    gib = _count_or_auto(value, "--host-kv-gib", 65_536) if value.strip() not in ("0", "") else 0
-    return None if not gib else gib * GIB
+    if text in ("0", ""):
+        return None
+    gib = _count_or_auto(text, "--host-kv-gib", 65_536)
+    assert gib is not None  # "auto" was answered above
+    return gib * GIB
 
 
 def _choice(value: str, choices: tuple[str, ...], option: str) -> str:
