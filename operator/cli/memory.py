@@ -62,13 +62,7 @@ def _load_model(spec: str) -> ModelArchitecture:
     except ValueError as exc:  # bad JSON, or an integer of thousands of digits
         raise MemoryPlanError(f"cannot read {path} as a config.json: {exc}") from None
     name = config.get("_name_or_path") if isinstance(config, dict) else None
-    try:
-        return architecture_from_config(config, name=name or path.parent.name or path.stem)
-    except MemoryPlanError as exc:
-        # The parser speaks of "config.json"; the user gave a path, maybe named otherwise.
-        text = str(exc)
-        prefix = "config.json:"
-        raise MemoryPlanError(f"{path}:{text[len(prefix):]}" if text.startswith(prefix) else text) from None
+    return architecture_from_config(config, name=name or path.parent.name or path.stem, source=str(path))
 
 
 def _count_or_auto(value: str, option: str, limit: int) -> int | None:

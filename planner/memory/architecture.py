@@ -308,8 +308,20 @@ def _mlps(config: Mapping[str, Any], num_layers: int, moe: MoeSpec | None) -> tu
     return tuple(sparse)
 
 
-def architecture_from_config(config: Mapping[str, Any], name: str | None = None) -> ModelArchitecture:
-    """Describe a model from its parsed `config.json`; raises MemoryPlanError naming a bad field."""
+def architecture_from_config(
+    config: Mapping[str, Any], name: str | None = None, *, source: str = "config.json"
+) -> ModelArchitecture:
+    """Describe a model from its parsed `config.json`; raises MemoryPlanError naming a bad field,
+    and the file as `source` (the path a user gave, say)."""
+    try:
+        return _architecture(config, name)
+    except MemoryPlanError as exc:
+        if source == "config.json":
+            raise
+        raise MemoryPlanError(str(exc).replace("config.json", source, 1)) from None
+
+
+def _architecture(config: Mapping[str, Any], name: str | None) -> ModelArchitecture:
     if not isinstance(config, Mapping):
         raise MemoryPlanError(f"config.json must be a JSON object, got {type(config).__name__}")
     cfg = _text_config(config)

@@ -227,16 +227,17 @@ def build_plan(
     )
     if host.note:
         plan_notes.append(host.note)
-    if request.max_num_seqs is None and chosen.max_num_seqs == chosen.mnbt < request.gpu.default_max_num_seqs:
-        plan_notes.append(
-            f"max-num-seqs lowered to {chosen.max_num_seqs}, the max-num-batched-tokens given: vLLM refuses more "
-            "sequences than batched tokens"
-        )
-    elif layout.hybrid and request.max_num_seqs is None and chosen.max_num_seqs < request.gpu.default_max_num_seqs:
-        plan_notes.append(
-            f"max-num-seqs lowered to {chosen.max_num_seqs} so the recurrent state of every running sequence "
-            f"fits in {request.state_share:.0%} of the {chosen.num_blocks} KV blocks"
-        )
+    if request.max_num_seqs is None and chosen.max_num_seqs < request.gpu.default_max_num_seqs:
+        if chosen.max_num_seqs == chosen.mnbt:
+            plan_notes.append(
+                f"max-num-seqs lowered to {chosen.max_num_seqs}, the max-num-batched-tokens given: vLLM refuses "
+                "more sequences than batched tokens"
+            )
+        elif layout.hybrid:
+            plan_notes.append(
+                f"max-num-seqs lowered to {chosen.max_num_seqs} so the recurrent state of every running sequence "
+                f"fits in {request.state_share:.0%} of the {chosen.num_blocks} KV blocks"
+            )
     return MemoryPlan(
         source=source,
         model=request.model.name,
