@@ -3,8 +3,8 @@
 Each pool's daemon runs a status pass whenever one of its engine pods, its StatefulSet or its router
 Deployment changes (so Ready follows the pods within moments), and at the latest every
 `status_seconds`; a pass re-applies every owned object every `resync_seconds` (drift repair), and
-at once after its StatefulSet or router Deployment was deleted. Watch caches (kopf indexes) of
-those objects feed the status without extra API calls.
+at once after its StatefulSet, router Deployment or one of its Services was deleted. Watch caches
+(kopf indexes) of those objects feed the status without extra API calls.
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ async def pool_changed(*, body: Any, memo: Any, logger: Any, **kwargs: Any) -> N
 COALESCE_SECONDS = 0.25
 # Set when an object of the pool changes: its daemon runs a status pass now rather than at the tick.
 _CHANGED: dict[tuple[str, str], asyncio.Event] = {}
-# Pools whose StatefulSet or router Deployment was deleted: their next pass re-applies every owned
-# object at once (an engine or router outage until then), not at the next resync.
+# Pools whose StatefulSet, router Deployment or a Service was deleted: their next pass re-applies
+# every owned object at once (an engine or router outage until then), not at the next resync.
 _REPAIR: set[tuple[str, str]] = set()
 
 
@@ -186,6 +186,8 @@ async def pool_pod_changed(*, namespace: str | None, labels: Mapping[str, str], 
 
 @kopf.on.event("statefulsets", labels=ENGINE)
 @kopf.on.event("deployments", labels=ROUTER)
+@kopf.on.event("services", labels=ENGINE)
+@kopf.on.event("services", labels=ROUTER)
 async def pool_workload_changed(
     *, namespace: str | None, labels: Mapping[str, str], type: str | None, **_: Any
 ) -> None:

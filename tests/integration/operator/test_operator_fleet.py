@@ -362,7 +362,7 @@ def test_the_memory_plan_in_status_loses_the_inputs_the_spec_no_longer_gives(fle
     assert plan()["inputs"]["hostKvCache"] == "auto"
 
 
-def test_a_deleted_statefulset_or_router_deployment_is_back_in_seconds_not_at_the_resync(
+def test_a_deleted_workload_or_service_is_back_in_seconds_not_at_the_resync(
     operator_kubeconfig: Path, pools: Pools, namespace: str, tmp_path: Path, kube_api: Any
 ) -> None:
     # A resync far beyond the test: only the deletion itself can bring the objects back.
@@ -371,10 +371,13 @@ def test_a_deleted_statefulset_or_router_deployment_is_back_in_seconds_not_at_th
     try:
         pools.create("llama", {**LLAMA_70B_FP8_TP2, "replicas": 2})
         pools.await_condition("llama", "Ready", "True", timeout=120)
-        apps = client.AppsV1Api(kube_api)
+        apps, core = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api)
         for read, delete, what in (
             (apps.read_namespaced_stateful_set, apps.delete_namespaced_stateful_set, "llama"),
             (apps.read_namespaced_deployment, apps.delete_namespaced_deployment, "llama-router"),
+            # Clients reach the routers through the one, the routers find the engines through the other.
+            (core.read_namespaced_service, core.delete_namespaced_service, "llama-router"),
+            (core.read_namespaced_service, core.delete_namespaced_service, "llama"),
         ):
             old_uid = read(what, namespace).metadata.uid
             delete(what, namespace)
@@ -387,7 +390,7 @@ def test_a_deleted_statefulset_or_router_deployment_is_back_in_seconds_not_at_th
 
             until(back, f"{what} recreated", timeout=20)
         pools.await_condition("llama", "Ready", "True", timeout=120)
-        assert len(operator.events("Recreated", "llama")) >= 2
+        assert len(operator.events("Recreated", "llama")) >= 4
     finally:
         pools.remove_all()
         operator.stop()
