@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError, core_schema
 
 GROUP = "cacheroute.dev"
 VERSION = "v1alpha1"
@@ -113,3 +115,45 @@ def enforce(rules: tuple[CrossFieldRule, ...], spec: Any) -> None:
         if not rule.check(spec):
             raise ValueError(rule.message)
 
+
+
+def int_or_words_message(lo: int | None, hi: int | None, words: list[str]) -> str:
+    """What an integer-or-word field must be; the CRD's CEL rule says it in the same words."""
+    if lo is not None and hi is not None:
+        number = f"an integer from {lo} to {hi}"
+    elif lo is not None:
+        number = f"an integer of at least {lo}"
+    else:
+        number = "an integer"
+    return f"must be {' or '.join(words)}, or {number}"
+
+
+@dataclass(frozen=True)
+class IntOrWords:
+    """Annotates `int | Literal[...]`: an integer within bounds or one of a few words (Kubernetes'
+    int-or-string, its word checked by CEL). A wrong value is one error naming it, not one per
+    member of the union.
+    """
+
+    ge: int | None = None
+    le: int | None = None
+    words: tuple[str, ...] = ("auto",)
+
+    @property
+    def message(self) -> str:
+        return int_or_words_message(self.ge, self.le, list(self.words))
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        inner = core_schema.union_schema(
+            [core_schema.int_schema(ge=self.ge, le=self.le, strict=True), core_schema.literal_schema(list(self.words))]
+        )
+        return core_schema.no_info_wrap_validator_function(self._one_error, inner)
+
+    def _one_error(self, value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return validate(value)
+        except ValidationError:
+            number = isinstance(value, int) and not isinstance(value, bool)
+            given = str(value) if number else json.dumps(value, default=str)
+            context = {"message": self.message, "given": given}
+            raise PydanticCustomError("int_or_words", "{message}, not {given}", context) from None

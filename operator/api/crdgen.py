@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from cacheroute.operator.api.common import GROUP, VERSION
+from cacheroute.operator.api.common import GROUP, VERSION, int_or_words_message
 from cacheroute.operator.api.plan import AffinityPlan
 from cacheroute.operator.api.pool import InferencePool
 from cacheroute.operator.files import write_atomically
@@ -111,18 +111,15 @@ def _int_or_word_rule(ints: dict[str, Any], words: list[str]) -> dict[str, str]:
         bounds.append(f"self >= {ints['minimum']}")
     if "maximum" in ints:
         bounds.append(f"self <= {ints['maximum']}")
-    lo, hi = ints.get("minimum"), ints.get("maximum")
-    if lo is not None and hi is not None:
-        number = f"an integer from {lo} to {hi}"
-    elif lo is not None:
-        number = f"an integer of at least {lo}"
-    else:
-        number = "an integer"
+    message = int_or_words_message(ints.get("minimum"), ints.get("maximum"), words)
     number_rule = " && ".join(bounds) or "true"
     word_rule = " || ".join(f"self == '{w}'" for w in words)
     return {
         "rule": f"type(self) == int ? ({number_rule}) : ({word_rule})",
-        "message": f"must be {' or '.join(words)}, or {number}",
+        "message": message,
+        # The API server quotes an int-or-string field's value as "" in its error, so the message
+        # names the value given, as `IntOrWords` does offline.
+        "messageExpression": f"'{message}, not ' + (type(self) == int ? string(self) : '\"' + self + '\"')",
     }
 
 

@@ -18,6 +18,7 @@ from cacheroute.operator.api.common import (
     Condition,
     CrossFieldRule,
     Duration,
+    IntOrWords,
     ObjectMeta,
     enforce,
 )
@@ -38,7 +39,7 @@ class PrometheusSpec(ApiModel):
 class BudgetSpec(ApiModel):
     """The warm-prefix budget: how much KV each destination keeps for planned keys."""
 
-    warm_tokens_per_destination: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+    warm_tokens_per_destination: Annotated[int | Literal["auto"], IntOrWords(ge=1)] = Field(
         default="auto", description="KV tokens per destination reserved for planned prefixes, or auto."
     )
     auto_fraction: float = Field(

@@ -13,6 +13,7 @@ from cacheroute.operator.api.common import (
     Condition,
     CrossFieldRule,
     Duration,
+    IntOrWords,
     ObjectMeta,
     enforce,
 )
@@ -111,7 +112,7 @@ class MemorySpec(ApiModel):
     max_model_len: int | None = Field(
         default=None, ge=256, le=10_485_760, description="Longest request in tokens (default: the model's native)."
     )
-    max_num_batched_tokens: Annotated[int, Field(ge=256, le=1_048_576)] | Literal["auto"] = Field(
+    max_num_batched_tokens: Annotated[int | Literal["auto"], IntOrWords(ge=256, le=1_048_576)] = Field(
         default="auto", description="A token count, or auto to let the memory plan choose."
     )
     safety_margin_gib: float = Field(default=1.0, ge=0, le=64, description="Memory kept free above the predicted peak.")
@@ -120,7 +121,7 @@ class MemorySpec(ApiModel):
         default="auto",
         description="KV cache entries: auto (the model's dtype) or fp8 (--kv-cache-dtype fp8: half the bytes).",
     )
-    host_kv_cache_gib: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
+    host_kv_cache_gib: Annotated[int | Literal["auto"], IntOrWords(ge=0, le=65536)] = Field(
         default="auto",
         description=(
             "Host-memory KV tier of each replica in GiB (vLLM's native KV offloading; 0 turns it off), or auto: "

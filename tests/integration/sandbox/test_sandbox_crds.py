@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,19 @@ def test_pool_whose_tensor_parallelism_does_not_divide_the_node_is_rejected(
     assert rejected.value.status == 422
     assert cel_message(crds, "InferencePool", "tensorParallelSize") in rejected.value.body
     assert api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"] == []
+
+
+@pytest.mark.parametrize("value", ["lots", 100])
+def test_an_int_or_word_field_out_of_its_rule_is_rejected_naming_the_value_given(
+    crds: list[dict[str, Any]], kube_api: Any, namespace: str, value: int | str
+) -> None:
+    api = client.CustomObjectsApi(kube_api)
+    body = pool(f"mnbt-{str(value).lower()}", 2)
+    body["spec"]["memory"] = {"maxNumBatchedTokens": value}
+    with pytest.raises(client.ApiException) as rejected:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    assert rejected.value.status == 422
+    # The API server prints an int-or-string field's value as `""`: the message itself must say what was given.
+    given = f'"{value}"' if isinstance(value, str) else str(value)
+    message = json.loads(rejected.value.body)["message"]
+    assert f"must be auto, or an integer from 256 to 1048576, not {given}" in message, message

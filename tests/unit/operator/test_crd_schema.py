@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from cacheroute.operator.api.crdgen import MODELS, crd, crd_file_name, render
+from cacheroute.operator.api.manifests import field_errors
 from cacheroute.operator.api.plan import AffinityPlan
 from cacheroute.operator.api.pool import InferencePool
 
@@ -162,6 +165,43 @@ def test_api_server_defaults_equal_python_defaults(model: Any, minimal: dict[str
     defaulted = apply_defaults(schema, minimal)
     python = model.model_validate({"spec": minimal}).spec.wire()
     assert defaulted == python
+
+
+def int_or_word_fields(node: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """(path under spec, schema node) of every int-or-string field."""
+    if node.get("x-kubernetes-int-or-string"):
+        return [(path, node)]
+    children = node.get("properties", {}).items()
+    return [hit for name, child in children for hit in int_or_word_fields(child, (*path, name))]
+
+
+MINIMAL: dict[str, dict[str, Any]] = {
+    "InferencePool": {"model": {"name": "meta-llama/Llama-3.3-70B-Instruct"}},
+    "AffinityPlan": {"poolRef": {"name": "llama"}},
+}
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+def test_a_wrong_int_or_word_value_is_one_error_in_the_api_servers_words(model: Any) -> None:
+    schema = crd(model)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    fields = int_or_word_fields(schema)
+    assert fields, "the models have integer-or-auto fields"
+    for path, node in fields:
+        (rule,) = node["x-kubernetes-validations"]
+        lowest = re.search(r"self >= (\d+)", rule["rule"])
+        assert lowest is not None, rule
+        below = int(lowest.group(1)) - 1
+        for value, shown in (("lots", '"lots"'), ("300", '"300"'), (below, str(below))):
+            spec = copy.deepcopy(MINIMAL[model.__name__])
+            leaf = spec
+            for name in path[:-1]:
+                leaf = leaf.setdefault(name, {})
+            leaf[path[-1]] = value
+            with pytest.raises(ValidationError) as exc:
+                model.model_validate({"spec": spec})
+            # The offline check and the API server's CEL rule give the same sentence.
+            assert field_errors(exc.value) == [f"spec.{'.'.join(path)}: {rule['message']}, not {shown}"]
+            assert rule["messageExpression"].startswith(f"'{rule['message']}, not '")
 
 
 def test_generated_yaml_is_loadable() -> None:
