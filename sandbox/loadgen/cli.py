@@ -39,6 +39,12 @@ def summary_table(summary: Summary) -> Table:
     return table
 
 
+def _bad_input(message: str) -> typer.Exit:
+    """`error: message` on one line, and the exit status of bad input."""
+    err.print(f"error: {' '.join(message.split())}", style="red", markup=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
 def load(  # noqa: PLR0917 - one parameter per option
     url: Annotated[str, typer.Argument(help="Loopback URL of the pool (its Envoy), or of one server.")],
     trace: Annotated[
@@ -93,12 +99,10 @@ def load(  # noqa: PLR0917 - one parameter per option
     from cacheroute.sandbox.loadgen.schedule import ScheduleError, build_schedule, load_trace
 
     if api not in API_NAMES:
-        err.print(f"[red]--api {api!r} is not one of {', '.join(API_NAMES)}[/]")
-        raise typer.Exit(2)
+        raise _bad_input(f"--api {api!r} is not one of {', '.join(API_NAMES)}")
     if out is not None and not out.parent.is_dir():
         # Before the run, not after it: results of a long load are not to be lost to a typo.
-        err.print(f"--out {out}: folder {out.parent} does not exist", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(2)
+        raise _bad_input(f"--out {out}: folder {out.parent} does not exist")
     try:
         check_target(url)
         tr, source = load_trace(
@@ -118,8 +122,7 @@ def load(  # noqa: PLR0917 - one parameter per option
             max_input_tokens=max_input_tokens,
         )
     except (TargetError, ScheduleError) as exc:
-        err.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
+        raise _bad_input(str(exc)) from None
     settings = LoadSettings(
         url=url, api=api, model=model, key_header=key_header or None, key_field=key_field or None, timeout_s=timeout
     )

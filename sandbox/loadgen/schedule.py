@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from cacheroute.planner.mooncake import TraceFormatError, parse_key_spec, read_mooncake
 from cacheroute.planner.trace import NO_KEY, RequestTrace
-from cacheroute.planner.workloads import PRESETS, generate, preset
+from cacheroute.planner.workloads import WorkloadSpec, generate, preset
 
 
 class ScheduleError(ValueError):
@@ -54,9 +54,12 @@ def load_trace(
             overrides["keys"] = keys
         try:
             spec = preset(workload, **overrides)
+            if keys is None:
+                return _fitted(spec)
             return generate(spec).trace, f"workload {workload}"
         except ValueError as exc:
-            raise ScheduleError(f"--workload: {exc} (known: {', '.join(PRESETS)})") from None
+            # preset() names the known presets when the name is wrong; other errors are about the options.
+            raise ScheduleError(f"--workload {workload}: {str(exc).removeprefix(f'workload {workload}: ')}") from None
     assert trace is not None
     try:
         parse_key_spec(key)
@@ -65,6 +68,26 @@ def load_trace(
         raise ScheduleError(f"cannot read --trace {trace}: {exc.strerror or exc}") from None
     except (TraceFormatError, ValueError) as exc:
         raise ScheduleError(f"--trace {trace}: {exc}") from None
+
+
+def _fitted(spec: WorkloadSpec) -> tuple[RequestTrace, str]:
+    """The preset at its own key count, or, when a short or slow run cannot spread its requests
+    over that many keys, at the most keys it can (the shape of the preset otherwise kept)."""
+    try:
+        return generate(spec).trace, f"workload {spec.name}"
+    except ValueError as too_many:
+        lo, hi, best = 1, spec.keys - 1, None
+        while lo <= hi:  # a run that covers k keys covers fewer
+            mid = (lo + hi) // 2
+            try:
+                best = generate(replace(spec, keys=mid)).trace, mid
+                lo = mid + 1
+            except ValueError:
+                hi = mid - 1
+        if best is None:
+            raise too_many from None
+        trace, keys = best
+        return trace, f"workload {spec.name} with {keys:,} keys (its {spec.keys:,} need a longer or faster run; --keys)"
 
 
 def build_schedule(

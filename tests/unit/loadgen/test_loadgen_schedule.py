@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cacheroute.planner.trace import RequestTrace
+from cacheroute.planner.trace import NO_KEY, RequestTrace
 from cacheroute.sandbox.emulator.tokens import block_ids, words
 from cacheroute.sandbox.loadgen.client import LoadSettings, RequestResult, TargetError, check_target
 from cacheroute.sandbox.loadgen.prompts import prompt_text
@@ -102,3 +102,24 @@ def test_a_mooncake_trace_and_a_generated_workload_load() -> None:
     assert 40 < len(generated) < 200
     with pytest.raises(ScheduleError, match="exactly one"):
         load_trace(trace=None, workload=None)
+
+
+def test_a_short_run_of_a_preset_gets_the_keys_it_can_cover_and_says_so() -> None:
+    # cacheroute-paper has 128,824 keys; a minute at 5 requests/s is about 120 threads.
+    trace, source = load_trace(trace=None, workload="cacheroute-paper", qps=5.0, duration_s=60.0)
+    keys = {int(k) for k in trace.key if k != NO_KEY}
+    assert 20 <= len(keys) <= 120
+    assert f"with {len(keys):,} keys" in source and "--keys" in source
+    # One key more than it chose cannot be covered: it took the most the run allows.
+    with pytest.raises(ScheduleError):
+        load_trace(trace=None, workload="cacheroute-paper", qps=5.0, duration_s=60.0, keys=len(keys) + 1)
+
+
+def test_an_explicit_key_count_is_refused_not_changed_naming_the_options() -> None:
+    with pytest.raises(ScheduleError) as exc:
+        load_trace(trace=None, workload="cacheroute-paper", qps=8.0, duration_s=60.0, keys=1500)
+    message = str(exc.value)
+    assert message.startswith("--workload cacheroute-paper: ") and message.count("cacheroute-paper") == 1
+    assert "cannot cover 1500 keys" in message
+    with pytest.raises(ScheduleError, match="unknown workload 'nope'; known: "):
+        load_trace(trace=None, workload="nope", qps=5.0, duration_s=60.0)

@@ -18,3 +18,12 @@ def test_status_of_a_sandbox_that_is_not_there_is_one_line_however_long(tmp_path
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: no sandbox in ") and lines[0].endswith("start one with `cacheroute sandbox up`")
+
+
+def test_load_refuses_a_run_that_cannot_cover_its_keys_in_one_line() -> None:
+    args = ["sandbox", "load", "http://127.0.0.1:9", "--workload", "cacheroute-paper", "--qps", "8", "--keys", "1500"]
+    result = runner.invoke(app, args, env={"COLUMNS": "60"})
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: --workload cacheroute-paper: ") and "cannot cover 1500 keys" in lines[0]
