@@ -65,15 +65,15 @@ def _load_model(spec: str) -> ModelArchitecture:
     return architecture_from_config(config, name=name or path.parent.name or path.stem, source=str(path))
 
 
-def _count_or_auto(value: str, option: str, limit: int) -> int | None:
+def _count_or_auto(value: str, option: str, limit: int, lowest: int = 1) -> int | None:
     if value.strip().lower() == "auto":
         return None
     digits = value.replace(",", "").replace("_", "").strip()
     if not digits.isascii() or not digits.lstrip("-").isdigit() or len(digits) > 20:
         raise typer.BadParameter(f"{value!r} is neither auto nor a whole number", param_hint=option)
     number = int(digits)
-    if not 1 <= number <= limit:
-        raise typer.BadParameter(f"{value!r} must be between 1 and {limit:,}", param_hint=option)
+    if not lowest <= number <= limit:
+        raise typer.BadParameter(f"{value!r} must be between {lowest} and {limit:,}", param_hint=option)
     return number
 
 
@@ -84,9 +84,9 @@ def _host_kv(value: str | None) -> int | Literal["auto"] | None:
         return "auto"
     if text in ("0", ""):
         return None
-    gib = _count_or_auto(text, "--host-kv-gib", 65_536)
+    gib = _count_or_auto(text, "--host-kv-gib", 65_536, lowest=0)
     assert gib is not None  # "auto" was answered above
-    return gib * GIB
+    return gib * GIB or None
 
 
 def _choice(value: str, choices: tuple[str, ...], option: str) -> str:

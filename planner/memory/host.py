@@ -41,7 +41,8 @@ class HostTier:
 
     bytes: int  # total over the TP ranks: `--kv-offloading-size` in bytes
     capacity_tokens: int
-    # Host memory the pod needs: the tier plus the reserve of its GPUs (its memory request).
+    # Host memory the pod needs: the tier plus the reserve of its GPUs (its memory request); 0
+    # without a tier, when the pod requests the operator's configured memory instead.
     pod_memory_bytes: int
     source: Literal["off", "given", "auto"]
     note: str = ""
@@ -82,18 +83,18 @@ def host_tier(
     tp = layout.tp
     reserve = reserve_bytes_per_gpu * tp
     if size is None or size == 0:
-        return HostTier(0, 0, reserve, "off")
+        return HostTier(0, 0, 0, "off")
     why_not = _unsupported(arch)
     if size == "auto":
         if why_not:
-            return HostTier(0, 0, reserve, "off", f"host KV tier off: {why_not}")
+            return HostTier(0, 0, 0, "off", f"host KV tier off: {why_not}")
         if node_memory_bytes is None:
-            return HostTier(0, 0, reserve, "off", "host KV tier off: the node's allocatable memory is not known")
+            return HostTier(0, 0, 0, "off", "host KV tier off: the node's allocatable memory is not known")
         share = node_memory_bytes * tp // gpus_per_node - reserve
         tier = max(0, share // GIB * GIB)
         if not tier:
             return HostTier(
-                0, 0, reserve, "off",
+                0, 0, 0, "off",
                 f"host KV tier off: a {tp}-GPU share of {node_memory_bytes / GIB:,.0f} GiB is not above the reserve "
                 f"of {reserve / GIB:,.0f} GiB",
             )

@@ -116,8 +116,7 @@ class MemoryPlan:
             "kv_cache_dtype": self.kv_cache_dtype,
             "host_kv_cache_bytes": self.host.bytes,
             "host_kv_capacity_tokens": self.host.capacity_tokens,
-            # Without a tier the pod requests the operator's configured memory, not this.
-            "pod_memory_bytes": self.host.pod_memory_bytes if self.host.bytes else 0,
+            "pod_memory_bytes": self.host.pod_memory_bytes,
             "source": self.source,
             "inputs": dict(self.inputs),
         }

@@ -144,6 +144,11 @@ def test_the_host_tier_is_planned_as_a_pool_would_have_it() -> None:
     assert unknown["hostKvCacheBytes"] == 0 and any("not known" in n for n in unknown["notes"])
     given = json.loads(runner.invoke(app(), [*base, "--host-kv-gib", "100"]).stdout)
     assert given["hostKvCacheBytes"] == 100 << 30 and given["hostKvSource"] == "given"
-    assert json.loads(runner.invoke(app(), base).stdout)["hostKvSource"] == "off"
+    off = json.loads(runner.invoke(app(), base).stdout)
+    # Without a tier the pod requests the operator's configured memory: the plan claims none, as in status.
+    assert (off["hostKvSource"], off["podMemoryBytes"]) == ("off", 0)
+    assert auto["podMemoryBytes"] == (448 + 2 * 32) << 30
     bad = runner.invoke(app(), [*base, "--host-kv-gib", "lots"])
     assert bad.exit_code == 2 and "--host-kv-gib" in bad.output
+    negative = runner.invoke(app(), [*base, "--host-kv-gib", "-1"])
+    assert negative.exit_code == 2 and "between 0 and 65,536" in " ".join(negative.output.split())
