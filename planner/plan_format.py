@@ -53,6 +53,11 @@ SHARD_FORMAT = 1
 DEFAULT_MAX_OBJECT_BYTES = 900_000
 
 
+class IncompletePayloadError(PlanError):
+    """Shards that do not match their header: the payload may be caught between the writes of
+    its ConfigMaps (shards first, header last) rather than broken."""
+
+
 def shard_file(index: int) -> str:
     return f"routes-{index:04d}.bin.gz"
 
@@ -444,10 +449,10 @@ def _decode(files: Mapping[str, bytes]) -> Plan:
     keys_parts, count_parts, dest_parts = [], [], []
     for name, configmap, routes, digest in _shards(header):
         if name not in files:
-            raise PlanError(f"shard {name} is missing (expected in ConfigMap {configmap[:253]})")
+            raise IncompletePayloadError(f"shard {name} is missing (expected in ConfigMap {configmap[:253]})")
         raw = _gunzip(files[name], name, max_shard_bytes(routes))
         if hashlib.sha256(raw).hexdigest() != digest:
-            raise PlanError(f"shard {name} does not belong to plan version {raw_header['version']}")
+            raise IncompletePayloadError(f"shard {name} does not belong to plan version {raw_header['version']}")
         k, c, d = _decode_shard(raw, name)
         if len(k) != routes:
             raise PlanError(f"shard {name} holds {len(k):,} routes, the header says {routes:,}")

@@ -5,8 +5,9 @@ newest payload off the event loop (the header included) and swaps the picker's t
 assignment. Whatever is wrong with a payload (bad gzip, bytes past the size limits, JSON of the
 wrong shape, a field `validate_plan` refuses, or any exception at all while loading it) makes it
 a rejected plan: counted once, logged once with the reason, and the plan in effect stays.
-Payloads assembled from several ConfigMaps can be caught half-written; those get `settle`
-seconds to complete before they count as rejected.
+Payloads assembled from several ConfigMaps can be caught half-written (shards that do not match
+their header); those get `settle` seconds to complete before they count as rejected. Any other
+failure counts at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cacheroute.planner.plan import PlanError
-from cacheroute.planner.plan_format import HEADER_FILE, MAX_PAYLOAD_BYTES, MAX_SHARDS, decode_plan, plan_version
+from cacheroute.planner.plan_format import (
+    HEADER_FILE,
+    MAX_PAYLOAD_BYTES,
+    MAX_SHARDS,
+    IncompletePayloadError,
+    decode_plan,
+    plan_version,
+)
 from cacheroute.router.endpoints import EndpointPool
 from cacheroute.router.metrics import RouterMetrics
 from cacheroute.router.picker import Picker
@@ -42,6 +50,8 @@ class _Loaded:
     digest: str
     table: RoutingTable | None = None
     error: str | None = None
+    # Shards that do not match their header: perhaps a payload caught half-written.
+    incomplete: bool = False
 
 
 def payload_digest(files: Mapping[str, bytes]) -> str:
@@ -76,7 +86,7 @@ def _load(files: Mapping[str, bytes], current: str | None, current_digest: str |
         table = build_table(decode_plan(files), version)
         return _Loaded(digest, None if version == current else table)
     except Exception as exc:  # any failure of a payload is a rejected plan, whatever its type
-        return _Loaded(digest, error=describe(exc))
+        return _Loaded(digest, error=describe(exc), incomplete=isinstance(exc, IncompletePayloadError))
 
 
 class PlanStore:
@@ -132,7 +142,7 @@ class PlanStore:
         except Exception as exc:  # the worker thread itself failed (out of memory, say)
             loaded = _Loaded("", error=describe(exc))
         if loaded.error is not None:
-            if settle > 0:
+            if settle > 0 and loaded.incomplete:
                 asyncio.get_running_loop().call_later(
                     settle, self._reject_if_current, submission, origin, loaded.error, loaded.digest
                 )
@@ -211,10 +221,13 @@ class DirectoryPlanSource:
     and `run` reads in a worker thread.
     """
 
-    def __init__(self, path: Path, store: PlanStore, *, interval: float) -> None:
+    def __init__(self, path: Path, store: PlanStore, *, interval: float, settle: float = 0.0) -> None:
         self.path = path
         self.store = store
         self.interval = interval
+        # The plan volume projects several ConfigMaps: the kubelet may write it between the
+        # operator's shard writes and its header write.
+        self.settle = settle
         self._last: object = None
         self._failing = False
 
@@ -299,7 +312,7 @@ class DirectoryPlanSource:
         if HEADER_FILE not in files:
             log.warning("plan directory %s has no %s yet", self.path, HEADER_FILE)
             return False
-        self.store.submit(files, origin=str(self.path))
+        self.store.submit(files, origin=str(self.path), settle=self.settle)
         return True
 
     async def run(self) -> None:

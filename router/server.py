@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 
 LIVENESS = "liveness"
 READINESS = "readiness"
-# A ConfigMap-assembled payload may be caught half-written; give it this long to complete.
-CONFIGMAP_SETTLE_SECONDS = 3.0
+# A payload assembled from several ConfigMaps (watched, or projected into the plan volume) may be
+# caught half-written; give it this long to complete.
+PLAN_SETTLE_SECONDS = 3.0
 
 
 class BindError(OSError):
@@ -171,7 +172,9 @@ class Router:
         tasks = self.supervisor
         tasks.spawn("plan-store", self.store.run)
         if s.plan_dir is not None:
-            source = DirectoryPlanSource(s.plan_dir, self.store, interval=s.plan_poll_interval)
+            source = DirectoryPlanSource(
+                s.plan_dir, self.store, interval=s.plan_poll_interval, settle=PLAN_SETTLE_SECONDS
+            )
             with contextlib.suppress(OSError):
                 await source.poll_async()
             tasks.spawn("plan-dir", source.run)
@@ -204,7 +207,7 @@ class Router:
 
     def _configmap_files(self, files: dict[str, bytes]) -> None:
         self.store.submit(files, origin=f"ConfigMaps {self.settings.namespace}/{self.settings.pool}-plan*",
-                          settle=CONFIGMAP_SETTLE_SECONDS)
+                          settle=PLAN_SETTLE_SECONDS)
 
     def _slices(self, endpoints: dict[str, SliceEndpoint]) -> None:
         self.pool.set_slices(endpoints)

@@ -122,6 +122,39 @@ async def test_half_written_configmaps_get_time_to_settle() -> None:
         task.cancel()
 
 
+async def test_a_plan_volume_caught_between_shard_and_header_writes_gets_time_to_settle(tmp_path: Path) -> None:
+    plan_store, picker, metrics = store()
+    source = DirectoryPlanSource(tmp_path, plan_store, interval=0.05, settle=0.3)
+    worker = asyncio.create_task(plan_store.run())
+    try:
+        first = encode_plan(plan(0))
+        kubelet_write(tmp_path, first.files, 1)
+        assert source.poll()
+        await _until(lambda: plan_store.version == first.version)
+        second = encode_plan(plan(1))
+        # The kubelet projected the new header beside the old shard: a payload that does not match.
+        kubelet_write(tmp_path, {**first.files, "plan.json.gz": second.files["plan.json.gz"]}, 2)
+        assert source.poll()
+        kubelet_write(tmp_path, second.files, 3)
+        assert source.poll()
+        await _until(lambda: plan_store.version == second.version)
+        # A negative check: wait out the settle time of the mixed payload, then look.
+        await asyncio.sleep(0.4)
+        assert rejected(metrics) == 0
+        assert routed(picker) == ADDRESSES[1]
+        # A mixed payload that stays is reported once the settle time has passed.
+        kubelet_write(tmp_path, {**second.files, "plan.json.gz": first.files["plan.json.gz"]}, 4)
+        assert source.poll()
+        await _until(lambda: rejected(metrics) == 1)
+        assert plan_store.version == second.version
+        # A payload that is broken rather than mixed is reported at once, whatever the settle time.
+        broken = {**second.files, "plan.json.gz": b"not gzip"}
+        assert not await plan_store.process(broken, origin=str(tmp_path), settle=60.0)
+        assert rejected(metrics) == 2
+    finally:
+        worker.cancel()
+
+
 async def _until(check: Callable[[], bool], within: float = 5.0) -> None:
     """Await `check()` becoming true, polling; fail after `within` seconds."""
     deadline = time.monotonic() + within
