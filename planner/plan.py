@@ -251,8 +251,9 @@ def _check_number(
     kinds: tuple[type, ...] = (int, np.integer) if integer else (int, float, np.integer, np.floating)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise PlanError(f"{what} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    x = float(value)  # type: ignore[arg-type]  # an int, float or numpy number, checked above
-    if not math.isfinite(x) or x < lo or x > hi or (open_low and x == lo):
+    # Integers compared exactly: as a float, 2**53 + 1 equals 2**53.
+    x = int(value) if integer else float(value)  # type: ignore[call-overload, arg-type]  # a number, checked above
+    if not (integer or math.isfinite(x)) or x < lo or x > hi or (open_low and x == lo):
         low = f"> {lo:g}" if open_low else f">= {lo:g}"
         raise PlanError(f"{what} is {value!r}: must be finite, {low} and <= {hi:g}")
 

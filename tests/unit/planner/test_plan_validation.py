@@ -96,6 +96,11 @@ def test_addresses_that_do_not(address: object, problem: str) -> None:
         ({"destinations": (Destination("pool-0", "10.0.0.1:80", float("nan")), DESTINATIONS[1])}, "weight is nan"),
         ({"destinations": (Destination("pool-0", "10.0.0.1:80", 0.0), DESTINATIONS[1])}, "weight is 0.0"),
         ({"destinations": (Destination("pool-0", "10.0.0.1:80", 1.0, -1), DESTINATIONS[1])}, "kvCapacityTokens"),
+        # One past the bound, which a float comparison would take for the bound itself.
+        (
+            {"destinations": (Destination("pool-0", "10.0.0.1:80", 1.0, 2**53 + 1), DESTINATIONS[1])},
+            "kvCapacityTokens is 9007199254740993",
+        ),
         ({"destinations": (Destination("pool 0", "10.0.0.1:80"), DESTINATIONS[1])}, "white space"),
         (
             {"destinations": (Destination("pool-0", "10.0.0.1:80"), Destination("pool-1", "10.0.0.1:80"))},
