@@ -44,9 +44,22 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
     return {k: _inline(v, defs) for k, v in node.items() if k not in _DROP and k != "$defs"}
 
 
+def _instance_defaults(node: dict[str, Any], values: Any) -> None:
+    """Each field's default as the chart's defaults hold it: a nested model made by a factory
+    (the liveness and readiness probes) has defaults of its own, not its class's."""
+    for name, prop in node.get("properties", {}).items():
+        if not isinstance(values, dict) or name not in values:
+            continue
+        if "properties" in prop and isinstance(values[name], dict):
+            _instance_defaults(prop, values[name])
+        elif "default" in prop:
+            prop["default"] = values[name]
+
+
 def values_schema() -> dict[str, Any]:
     raw = ChartValues.model_json_schema(by_alias=True, mode="validation")
     schema: dict[str, Any] = _inline(raw, raw.get("$defs", {}))
+    _instance_defaults(schema, ChartValues().model_dump(by_alias=True, mode="json"))
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 
 

@@ -37,6 +37,24 @@ def test_values_yaml_holds_exactly_the_typed_defaults() -> None:
     assert set(written) == set(ChartValues().model_dump(by_alias=True))
 
 
+def test_every_default_in_the_values_schema_is_the_one_values_yaml_holds() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text("utf-8"))
+    checked = 0
+
+    def walk(node: dict[str, object], value: object, path: str) -> None:
+        nonlocal checked
+        if "default" in node and not isinstance(node.get("properties"), dict):
+            assert node["default"] == value, path
+            checked += 1
+        for name, child in dict(node.get("properties") or {}).items():  # type: ignore[call-overload]
+            if isinstance(value, dict) and name in value:
+                walk(child, value[name], f"{path}.{name}")
+
+    walk(files.values_schema(), values, "values")
+    # The probes' own defaults (liveness waits 10 s, readiness every 5 s) among them.
+    assert checked > 50
+
+
 def test_values_table_and_crd_reference_are_current() -> None:
     assert not reference.stale_values_table(REPO / "docs" / "install.md"), "run `make chart`"
     assert (REPO / "docs" / "crds.md").read_text() == crd_reference(), "run `make crds`"
