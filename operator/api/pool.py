@@ -169,7 +169,10 @@ class RouterSpec(ApiModel):
         default=DEFAULT_SPILL_THRESHOLD,
         ge=1.0,
         le=100.0,
-        description="Spill a planned key when its destination's in-flight exceeds this multiple of the mean.",
+        description=(
+            "Spill a planned key when its destination's load exceeds this multiple of the mean load plus a slack "
+            "(load counts the prompt tokens still to prefill and the decode; docs/router.md)."
+        ),
     )
     follow_prefixes: bool = Field(
         default=True,
