@@ -109,8 +109,7 @@ def _kind_section(model: type[Any]) -> list[str]:
         lines += [f"### {names['kind']} `{part}`", ""]
         rules = node.get("x-kubernetes-validations", [])
         if rules:
-            lines += ["Rules across fields (CEL, checked by the API server), each with its message to a spec that breaks it:"]
-            lines.append("")
+            lines += ["Rules across fields (CEL, checked by the API server), each with its message when broken:", ""]
             lines += [f"- `{rule['rule']}`: {rule['message']}" for rule in rules]
             lines.append("")
         lines += ["| field | type | default | constraints | description |", "|---|---|---|---|---|"]

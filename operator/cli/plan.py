@@ -184,12 +184,15 @@ def manual_manifest(
     *,
     pool: str,
     name: str,
-    max_per_key: int,
+    budget: Budget,
+    stability: Stability,
     pins_without_stats: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """A Manual AffinityPlan pinning every routed key (the heaviest MAX_PINNED when there are more).
 
-    Pinned keys that had no statistics are routed too: pass them in `pins_without_stats`.
+    Pinned keys that had no statistics are routed too: pass them in `pins_without_stats`. The
+    budget and stability it was planned with are written too, so that switching the plan to
+    Auto later plans with the same settings.
     """
     rows = np.flatnonzero(result.routed)
     if len(rows) > MAX_PINNED:
@@ -202,7 +205,13 @@ def manual_manifest(
     spec: dict[str, Any] = {
         "poolRef": {"name": pool},
         "mode": "Manual",
-        "budget": {"maxDestinationsPerKey": max(1, min(max_per_key, MAX_DESTINATIONS_PER_KEY))},
+        "budget": {
+            "warmTokensPerDestination": budget.warm_tokens_per_destination,
+            "autoFraction": budget.auto_fraction,
+            "maxDestinationsPerKey": max(1, min(budget.max_destinations_per_key, MAX_DESTINATIONS_PER_KEY)),
+            "maxKeyShareOfDestination": budget.max_key_share_of_destination,
+        },
+        "stability": {"maxChurn": stability.max_churn, "minGain": stability.min_gain},
         "pinned": pinned,
     }
     doc = {"apiVersion": "cacheroute.dev/v1alpha1", "kind": "AffinityPlan", "metadata": {"name": name}, "spec": spec}
@@ -477,6 +486,7 @@ def register(app: typer.Typer) -> None:
                     "--budget-tokens auto needs the destinations' KV capacity: give --kv-capacity-tokens "
                     "(or kvCapacityTokens in --destinations-file), or a number of --budget-tokens"
                 )
+            stability = Stability(max_churn=max_churn, min_gain=min_gain)
             pins = parse_pins(pin or [])
             with err.status(f"planning {len(stats):,} keys onto {len(dests)} destinations…"):
                 result = compute_plan(
@@ -484,7 +494,7 @@ def register(app: typer.Typer) -> None:
                     dests,
                     pool=pool,
                     budget=budget,
-                    stability=Stability(max_churn=max_churn, min_gain=min_gain),
+                    stability=stability,
                     cost=CostModel(
                         prefill_s_per_token=prefill_s, decode_s_per_token=decode_s, host_copy_s_per_token=host_copy_s
                     ),
@@ -513,7 +523,8 @@ def register(app: typer.Typer) -> None:
                     stats,
                     pool=pool,
                     name=name or pool,
-                    max_per_key=max_per_key,
+                    budget=budget,
+                    stability=stability,
                     pins_without_stats=unknown_pins,
                 )
                 text = yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True)

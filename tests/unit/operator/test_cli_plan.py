@@ -114,6 +114,8 @@ def test_yaml_output_is_a_valid_manual_affinity_plan(tmp_path: Path) -> None:
         "2",
         "--budget-tokens",
         "10000",
+        "--max-churn",
+        "0.25",
         "--pool",
         "llama",
         "--pin",
@@ -137,6 +139,9 @@ def test_yaml_output_is_a_valid_manual_affinity_plan(tmp_path: Path) -> None:
     assert set(pinned) == {"alice", "bob", "vip"}
     assert pinned["vip"] == ["llama-1", "llama-0"]
     assert all(len(d) == 1 for k, d in pinned.items() if k != "vip")
+    # Switched to Auto later, the plan is computed with the settings it was made with.
+    assert obj.spec.budget.warm_tokens_per_destination == 10000
+    assert obj.spec.stability.max_churn == 0.25
 
 
 def test_yaml_output_says_when_pins_hold_keys_the_plan_would_let_yield(stats_csv: Path, tmp_path: Path) -> None:
