@@ -8,10 +8,15 @@ server that answers `/healthz` and `/metrics` on `--health-address`.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import getpass
 import importlib
 import logging
+import os
 import pkgutil
 import random
+import secrets
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +37,11 @@ FINALIZER = "cacheroute.dev/operator"
 ANNOTATION_PREFIX = "cacheroute.dev"
 # `--priority auto`: a random priority from this range, distinct per replica with near certainty.
 AUTO_PRIORITY_RANGE = (1, 2**31 - 1)
+# kopf names a replica in the peering object by this variable (the chart sets it to the pod's name).
+IDENTITY_ENV = "POD_ID"
+# After announcing itself, a replica waits this long before kopf starts, so that a replica started
+# at the same moment is announced before either looks at its peers.
+PEERING_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,39 @@ def _await_peering(cluster: Cluster, path: str, seconds: float) -> bool:
     return True
 
 
+def _peering_targets(options: RunOptions) -> list[tuple[str, str, str | None]]:
+    """(collection path, kind, namespace) of each peering object the replica keeps alive in."""
+    base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
+    if options.all_namespaces:
+        return [(f"{base}/clusterkopfpeerings", "ClusterKopfPeering", None)]
+    return [(f"{base}/namespaces/{ns}/kopfpeerings", "KopfPeering", ns) for ns in options.namespaces]
+
+
+def own_identity() -> str:
+    """This replica's name among its peers: the pod's (POD_ID), else user, host, process and a
+    random part. Exported, so that kopf announces itself under the same name."""
+    identity = os.environ.get(IDENTITY_ENV) or (
+        f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
+    )
+    os.environ[IDENTITY_ENV] = identity
+    return identity
+
+
+def announce(cluster: Cluster, options: RunOptions, identity: str, lifetime_s: int) -> None:
+    """Write this replica's keep-alive into the peering objects before kopf starts.
+
+    kopf resumes at its first look at the peering object when no peer of higher priority is
+    there; two replicas started at once would each find the other absent and act together until
+    the other's first keep-alive arrives. Announced first, the higher priority is seen by both.
+    """
+    if options.standalone:
+        return
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    entry = {"priority": options.priority, "lifetime": lifetime_s, "lastseen": now}
+    for path, _kind, _namespace in _peering_targets(options):
+        cluster.merge_patch_path(f"{path}/{options.peering}", {"status": {identity: entry}})
+
+
 def ensure_peering(cluster: Cluster, options: RunOptions) -> None:
     """Create the peering object(s) kopf keeps its keep-alives in, unless they exist.
 
@@ -134,13 +177,7 @@ def ensure_peering(cluster: Cluster, options: RunOptions) -> None:
     """
     if options.standalone:
         return
-    base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
-    targets: list[tuple[str, str, str | None]]
-    if options.all_namespaces:
-        targets = [(f"{base}/clusterkopfpeerings", "ClusterKopfPeering", None)]
-    else:
-        targets = [(f"{base}/namespaces/{ns}/kopfpeerings", "KopfPeering", ns) for ns in options.namespaces]
-    for path, kind, namespace in targets:
+    for path, kind, namespace in _peering_targets(options):
         metadata: dict[str, Any] = {"name": options.peering}
         if options.peering_labels:
             metadata["labels"] = dict(options.peering_labels)
@@ -246,8 +283,12 @@ def run(options: RunOptions) -> None:
         )
     )
     ensure_peering(cluster, options)
+    announced = time.monotonic()
+    announce(cluster, options, own_identity(), settings_for(options).peering.lifetime)
     loaded = load_handlers()
     log.info("handler modules: %s", ", ".join(loaded))
+    if not options.standalone:
+        time.sleep(max(0.0, announced + PEERING_GRACE_S - time.monotonic()))
     if options.kubeconfig is not None:
         import os
 

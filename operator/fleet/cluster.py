@@ -147,6 +147,14 @@ class Cluster:
         out: dict[str, Any] = self._call("POST", path, body=dict(body), query={"fieldManager": FIELD_MANAGER})
         return out
 
+    def merge_patch_path(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of the object at a path (kinds outside KINDS, e.g. peering objects)."""
+        out: dict[str, Any] = self._call(
+            "PATCH", path, body=dict(body), query={"fieldManager": FIELD_MANAGER},
+            content_type="application/merge-patch+json",
+        )
+        return out
+
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         kind = kind_of(obj)
         out: dict[str, Any] = self._call(

@@ -102,6 +102,28 @@ def test_two_operators_only_the_higher_priority_one_acts_and_the_other_takes_ove
         high.stop()
 
 
+def test_two_operators_started_at_once_never_both_act(
+    operator_kubeconfig: Path, pools: Pools, namespace: str, tmp_path: Path, kube_api: Any
+) -> None:
+    # Pools already there: whichever replica resumes first has work at once, as after a reinstall.
+    for name in ("a", "b", "c"):
+        pools.create(name, {**LLAMA_70B_FP8_TP2, "replicas": 1})
+    high = OperatorProcess(namespace, operator_kubeconfig, tmp_path, name="high", priority="200", identity="op-high")
+    low = OperatorProcess(namespace, operator_kubeconfig, tmp_path, name="low", priority="100", identity="op-low")
+    low.start(wait=False)
+    high.start(wait=False)
+    try:
+        for name in ("a", "b", "c"):
+            pools.await_condition(name, "Ready", "True", timeout=120)
+        assert all(high.events("MemoryPlanned", name) for name in ("a", "b", "c"))
+        assert not any(handled(low, name) for name in ("a", "b", "c")), "the standby acted"
+        assert not low.events("MemoryPlanned")
+    finally:
+        pools.remove_all()
+        low.stop()
+        high.stop()
+
+
 SMALL = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "replicas": 1, "router": {"replicas": 1}}
 
 
