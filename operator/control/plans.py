@@ -34,6 +34,9 @@ def manual_plan(
         pool,
         destinations,
         routes,
+        # Pinned in the header too: routers hold these keys to their routes rather than follow a
+        # key's earlier prompts to wherever they went.
+        pinned=True,
         generated_at=generated_at,
         spill_threshold=spill_threshold,
         key_extraction=key_extraction,
@@ -68,6 +71,7 @@ def same_routing(a: Plan | None, b: Plan | None, *, addresses: bool = True) -> b
         np.array_equal(a.route_keys, b.route_keys)
         and np.array_equal(a.route_offsets, b.route_offsets)
         and np.array_equal(_route_ids(a), _route_ids(b))
+        and np.array_equal(a.pinned_keys, b.pinned_keys)
     )
 
 

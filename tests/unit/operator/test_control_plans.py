@@ -34,6 +34,8 @@ def test_manual_plan_is_exactly_the_pinned_routes_hashed() -> None:
     p = manual_plan(spec, DESTS, pool="p", generated_at="t", key_extraction=KeyExtraction(), spill_threshold=2.0)
     assert p.routes() == {affinity_key_hash("acme"): ("p-2", "p-0"), affinity_key_hash("globex"): ("p-1",)}
     assert p.spill_threshold == 2.0 and p.summary.admitted_keys == 2
+    # Every route is pinned: routers hold the keys there rather than follow their earlier prompts.
+    assert sorted(p.pinned_keys.tolist()) == sorted([affinity_key_hash("acme"), affinity_key_hash("globex")])
     payload = encode_plan(p)
     assert all(b"acme" not in data for data in payload.files.values())
 
@@ -48,6 +50,8 @@ def test_same_routing_ignores_summaries_and_destination_order() -> None:
     assert not same_routing(a, plan_from_routes("p", moved, {1: ["p-0"], 2: ["p-1", "p-2"]}))
     assert same_routing(a, plan_from_routes("p", moved, {1: ["p-0"], 2: ["p-1", "p-2"]}), addresses=False)
     assert same_routing(None, None) and not same_routing(a, None)
+    # The same routes, pinned: routers treat them otherwise, so the plan must be published again.
+    assert not same_routing(a, plan({1: ["p-0"], 2: ["p-1", "p-2"]}, pinned=True))
 
 
 def test_a_payload_that_does_not_decode_to_its_plan_is_refused() -> None:
