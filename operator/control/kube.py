@@ -87,6 +87,25 @@ class ControlApi:
         files = {k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()}
         return files, dict(cm.metadata.annotations or {})
 
+    def configmap_annotations(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        """A ConfigMap's annotations, its data left on the server (metadata only: a plan's header
+        ConfigMap holds up to a MiB); None when it does not exist."""
+        try:
+            response = self.core.api_client.call_api(
+                "/api/v1/namespaces/{namespace}/configmaps/{name}", "GET",
+                {"namespace": namespace, "name": name},
+                [],
+                {"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"},
+                response_type="object",
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        except self._exception as exc:
+            if exc.status == 404:
+                return None
+            raise _fail(f"reading ConfigMap {namespace}/{name}", exc) from None
+        return dict(((response or {}).get("metadata") or {}).get("annotations") or {})
+
     def remove_configmap_annotation(self, namespace: str, name: str, key: str) -> None:
         """Remove one annotation of a ConfigMap; nothing when the ConfigMap does not exist."""
         try:

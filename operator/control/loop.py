@@ -49,13 +49,21 @@ from cacheroute.operator.control.prometheus import (
     WindowMetrics,
 )
 from cacheroute.operator.control.promql import PoolSeries
-from cacheroute.operator.control.publish import CurrentPlan, publish, read_current, read_writer, release_writer
+from cacheroute.operator.control.publish import (
+    VERSION_ANNOTATION,
+    WRITER_ANNOTATION,
+    CurrentPlan,
+    publish,
+    read_current,
+    read_writer,
+    release_writer,
+)
 from cacheroute.operator.control.report import SHADOW_PLANNED, events_to_post, iso, new_status
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.operator.fleet.names import MAX_PLAN_SHARDS
 from cacheroute.planner.errors import PlanInputError
 from cacheroute.planner.plan import Destination, Plan, PlanError, validate_plan
-from cacheroute.planner.plan_format import PlanPayload, encode_plan
+from cacheroute.planner.plan_format import PlanPayload, configmap_name, encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
 from cacheroute.planner.replay.guard import GuardVerdict
 
@@ -66,9 +74,10 @@ T = TypeVar("T")
 MIN_PERIOD_S = 1.0
 # A period that found nothing to plan from yet (its pool still starting, no traffic counted yet) is
 # retried this soon instead of a whole control period later: a plan applied with its pool, as
-# `kubectl apply -f examples/` does, would otherwise sit idle for the default five minutes.
+# `kubectl apply -f examples/` does, would otherwise sit idle for the default five minutes. A plan
+# refused because another one publishes its pool is retried as soon, to take the pool when freed.
 WAITING_RETRY_S = 15.0
-WAITING_REASONS = cond.WAITING | {cond.POOL_NOT_FOUND}
+WAITING_REASONS = cond.WAITING | {cond.POOL_NOT_FOUND, cond.POOL_CLAIMED}
 # How often, between periods, a plan compares its pool's destinations with the last period's.
 POOL_CHECK_S = 10.0
 
@@ -184,11 +193,15 @@ class PlanLoop:
         return max(0.0, last + period - self.clock())
 
     async def pool_changed(self, body: Mapping[str, Any]) -> bool:
-        """Whether the pool's status describes a newer spec than at the last period (scaled, say;
-        a pod that restarts is not a change): a scaled pool is planned for within seconds, not a
-        control period later, and only once its status lists the new destinations. Looked at no
-        more often than every `POOL_CHECK_S`; an unreadable pool counts as unchanged (the period
-        will say why)."""
+        """Whether the pool or the plan it has changed under this AffinityPlan since the last
+        period, so that the next period runs now rather than a control period later:
+        - the pool's status describes a newer spec (scaled, say; a pod that restarts is not a
+          change), once its status lists the new destinations;
+        - the pool was deleted (the status must stop describing a plan in effect);
+        - the plan ConfigMap no longer holds the plan this one published (deleted by hand and
+          recreated empty by the pool's reconciler, say): it is published again.
+        Looked at no more often than every `POOL_CHECK_S`; an unreadable pool or ConfigMap counts
+        as unchanged (the period will say why)."""
         now = self.clock()
         if self._pool_checked_at is None or now - self._pool_checked_at < POOL_CHECK_S:
             return False
@@ -199,9 +212,28 @@ class PlanLoop:
         try:
             obj = await asyncio.to_thread(self.api.get_pool, self.namespace, pool_name)
             pool = InferencePool.model_validate(obj) if obj is not None else None
+            if pool is None:
+                return self._pool_generation is not None
+            if _described_generation(pool) != self._pool_generation:
+                return True
+            return await self._published_elsewhere(body, pool_name)
         except (ApiError, ValidationError):
             return False
-        return pool is not None and _described_generation(pool) != self._pool_generation
+
+    async def _published_elsewhere(self, body: Mapping[str, Any], pool_name: str) -> bool:
+        """Whether the plan ConfigMap holds another version than the one this AffinityPlan
+        published, with no other AffinityPlan named as its publisher."""
+        status = body.get("status") or {}
+        mode = (body.get("spec") or {}).get("mode", "Auto")
+        version = status.get("planVersion")
+        if mode == "Shadow" or not version or _waiting(status):
+            return False
+        annotations = await asyncio.to_thread(self.api.configmap_annotations, self.namespace,
+                                              configmap_name(pool_name, 0))
+        if annotations is None:
+            return True
+        writer = annotations.get(WRITER_ANNOTATION)
+        return writer in (None, self.name) and annotations.get(VERSION_ANNOTATION) != version
 
     # --- one period ----------------------------------------------------------------------------------
 
@@ -221,6 +253,10 @@ class PlanLoop:
             log.exception("control period of AffinityPlan %s/%s failed", self.namespace, self.name)
             message = f"{type(exc).__name__}: {exc}"
             result = PeriodResult("failed", at, [Finding(cond.DEGRADED, True, "InternalError", message)])
+        if result.outcome == "kept" and result.degraded:
+            # Nothing applied because something is wrong (Prometheus away, a spec refused): a
+            # failure for dashboards, not "nothing new to apply".
+            result.outcome = "failed"
         t0 = time.perf_counter()
         try:
             await self._report(body, result, generation)
@@ -261,7 +297,7 @@ class PlanLoop:
         pool_name = spec.pool_ref.name
         pool_obj = await self._timed(result, "read", self.api.get_pool, self.namespace, pool_name)
         if pool_obj is None:
-            return _not_planned(result, cond.POOL_NOT_FOUND, f"InferencePool {pool_name} does not exist")
+            return _pool_gone(result, pool_name)
         try:
             pool = InferencePool.model_validate(pool_obj)
         except ValidationError as exc:
@@ -713,6 +749,23 @@ def _waiting(status: Mapping[str, Any]) -> bool:
         isinstance(c, Mapping) and c.get("status") == "False" and c.get("reason") in WAITING_REASONS
         for c in conditions
     )
+
+
+# Figures of a plan in effect: none while the pool does not exist.
+_FIGURES = (
+    "planVersion", "appliedAt", "admittedKeys", "coveredRequestShare", "churn", "forcedChurn",
+    "predictedKvHit", "observedKvHit", "predictedP99TtftSeconds",
+)
+
+
+def _pool_gone(result: PeriodResult, pool_name: str) -> PeriodResult:
+    """No pool, no plan in effect: its ConfigMaps went with it, so nothing the status said of a
+    plan or its traffic holds any more."""
+    message = f"InferencePool {pool_name} does not exist"
+    result.status.update(dict.fromkeys(_FIGURES))
+    result.add(Finding(cond.APPLIED, False, cond.POOL_NOT_FOUND, message),
+               Finding(cond.METRICS_AVAILABLE, False, cond.POOL_NOT_FOUND, message))
+    return _not_planned(result, cond.POOL_NOT_FOUND, message)
 
 
 def _not_planned(result: PeriodResult, reason: str, message: str) -> PeriodResult:

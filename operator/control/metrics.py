@@ -28,7 +28,8 @@ PERIOD_SECONDS = Histogram(
 )
 PERIODS = Counter(
     f"{PREFIX}_periods",
-    "Control periods by outcome: applied, unchanged, shadow, rejected, kept (nothing new to apply), failed.",
+    "Control periods by outcome: applied, unchanged, shadow, rejected, kept (nothing new to apply), "
+    "failed (nothing applied because the period is Degraded: Prometheus away, a spec refused, an error).",
     [*_LABELS, "outcome"],
 )
 GUARD_VERDICTS = Counter(

@@ -32,8 +32,8 @@ def ready_finding(mode: str, result: PeriodResult, plan_version: str | None) -> 
             return Finding(cond.READY, False, planned.reason, planned.message)
         return Finding(cond.READY, False, cond.NO_PLAN, "no period has reported yet")
     applied = result.finding(cond.APPLIED)
-    if applied is not None and applied.reason == cond.POOL_CLAIMED:
-        return Finding(cond.READY, False, cond.POOL_CLAIMED, applied.message)
+    if applied is not None and applied.reason in (cond.POOL_CLAIMED, cond.POOL_NOT_FOUND):
+        return Finding(cond.READY, False, applied.reason, applied.message)
     if plan_version and plan_version == result.empty_in_effect:
         return Finding(cond.READY, True, cond.PLAN_IN_EFFECT,
                        f"plan {plan_version} is in effect, routing no key: every request goes as without a plan")

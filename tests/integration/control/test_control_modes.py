@@ -84,6 +84,8 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     plan = published_plan(kube_api, namespace, "llama")
     assert plan is not None
     assert plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
+    # Pinned in the header: routers hold the keys to these routes, not to where their prompts went.
+    assert set(plan.pinned_keys.tolist()) == {affinity_key_hash(k) for k in pins}
     assert obj["status"]["planVersion"] == obj["status"]["candidateVersion"]
     assert obj["status"]["admittedKeys"] == 2
     assert condition(obj, "Planned")["reason"] == "PinnedRoutes"
@@ -115,15 +117,26 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     assert plan is not None and plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
     assert get_plan(kube_api, namespace, "pins")["status"]["planVersion"] == version
 
+    # Released (Shadow publishes nothing), the pool goes to the plan that waited for it within its
+    # retry, not an hour later at the waiting plan's next period.
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "pins", {"spec": {"mode": "Shadow"}}
+    )
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "intruder"), "Applied").get("status") == "True",
+             timeout=45, what="the waiting plan applied")
+    taken = {affinity_key_hash("tenant-z"): ("llama-0",)}
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None and plan.routes() == taken
+
     # Deleted, the plan names itself no more as the pool's publisher; its routes stay in effect.
     client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
-        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "pins"
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "intruder"
     )
-    wait_for(lambda: not plan_exists(kube_api, namespace, "pins"), timeout=60, what="the AffinityPlan gone")
+    wait_for(lambda: not plan_exists(kube_api, namespace, "intruder"), timeout=60, what="the AffinityPlan gone")
     head = client.CoreV1Api(kube_api).read_namespaced_config_map("llama-plan", namespace)
     assert "cacheroute.dev/affinity-plan" not in (head.metadata.annotations or {})
     plan = published_plan(kube_api, namespace, "llama")
-    assert plan is not None and plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
+    assert plan is not None and plan.routes() == taken
 
 
 
@@ -160,3 +173,43 @@ def test_two_auto_plans_created_together_publish_one_and_the_other_is_claimed(en
                   if condition(get_plan(kube_api, namespace, n), "Applied")["reason"] == "PlanApplied")
     head = client.CoreV1Api(kube_api).read_namespaced_config_map("llama-plan", namespace)
     assert head.metadata.annotations["cacheroute.dev/affinity-plan"] == winner
+
+
+def test_a_plan_republishes_a_deleted_configmap_and_stops_describing_a_deleted_pool(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    env.operator()
+    env.pool("llama")
+    pins = {"tenant-a": ("llama-1",)}
+    # An hour's period: only the loop's own checks between periods can act within the test.
+    create_plan(kube_api, namespace, plan_manifest("pins", "llama", mode="Manual", controlPeriod="1h",
+                                                    pinned=[{"key": "tenant-a", "destinations": ["llama-1"]}]))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Applied").get("status") == "True",
+             timeout=90, what="Applied=True")
+    expected = {affinity_key_hash(k): v for k, v in pins.items()}
+
+    # Deleted by hand: the pool's reconciler recreates it empty, and the plan publishes its pins again.
+    core = client.CoreV1Api(kube_api)
+    core.delete_namespaced_config_map("llama-plan", namespace)
+
+    def pins_back() -> bool:
+        plan = published_plan(kube_api, namespace, "llama")
+        return plan is not None and plan.routes() == expected
+
+    wait_for(lambda: not pins_back(), timeout=30, what="the ConfigMap gone or emptied", interval=0.2)
+    wait_for(pins_back, timeout=60, what="the pinned routes published again")
+    obj = get_plan(kube_api, namespace, "pins")
+    assert condition(obj, "Ready")["status"] == "True"
+
+    # The pool deleted: its plan ConfigMaps went with it; the status stops describing a plan in effect.
+    client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "inferencepools", "llama"
+    )
+
+    def gone() -> bool:
+        ready = condition(get_plan(kube_api, namespace, "pins"), "Ready")
+        return (ready.get("status"), ready.get("reason")) == ("False", "PoolNotFound")
+
+    wait_for(gone, timeout=45, what="Ready=False PoolNotFound")
+    status = get_plan(kube_api, namespace, "pins")["status"]
+    assert status.get("planVersion") is None and status.get("admittedKeys") is None
+    assert condition(get_plan(kube_api, namespace, "pins"), "Applied")["reason"] == "PoolNotFound"

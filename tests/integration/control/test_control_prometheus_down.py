@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.control import (
@@ -53,7 +54,7 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
     prom = DedicatedPrometheus(env.tmp_path / "prometheus", fleet.jobs())
     own_prometheus.append(prom)
     prom.start()
-    env.operator()  # no default Prometheus: the AffinityPlan names its own
+    operator = env.operator()  # no default Prometheus: the AffinityPlan names its own
     env.pool("llama")
     wait_for_window(prom.url, namespace, len(traffic.keys) + 2, WINDOW)
     create_plan(kube_api, namespace, plan_manifest(
@@ -105,6 +106,11 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
     obj = metrics_condition("False", "PrometheusUnreachable", stopped)
     assert _epoch(obj["status"]["lastPeriodTime"]) <= stopped + PERIOD + 2
     assert_plan_stayed(obj)
+    # Dashboards count these periods as failed, not as having had nothing new to apply.
+    exported = httpx.get(f"http://127.0.0.1:{operator.health_port}/metrics", timeout=5).text
+    failed = [line for line in exported.splitlines()
+              if line.startswith("cacheroute_operator_plan_periods_total{") and 'outcome="failed"' in line]
+    assert failed and float(failed[0].rsplit(" ", 1)[1]) >= 2, failed
 
     # Back: the next period reads the window and plans again.
     prom.start()
