@@ -81,8 +81,19 @@ class GuardSpec(ApiModel):
 class PinnedRoute(ApiModel):
     key: str = Field(min_length=1, max_length=1024, description="The affinity key as clients send it.")
     destinations: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
-        min_length=1, max_length=MAX_DESTINATIONS_PER_KEY, description="Destination ids, <pool>-<ordinal>."
+        min_length=1,
+        max_length=MAX_DESTINATIONS_PER_KEY,
+        description="Destination ids, <pool>-<ordinal>, each once.",
+        # The API server refuses a destination listed twice.
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+
+    @model_validator(mode="after")
+    def _each_destination_once(self) -> PinnedRoute:
+        twice = sorted({d for d in self.destinations if self.destinations.count(d) > 1})
+        if twice:
+            raise ValueError(f"pinned key {self.key!r} lists {twice[0]} twice")
+        return self
 
 
 class AffinityPlanSpec(ApiModel):
@@ -101,6 +112,8 @@ class AffinityPlanSpec(ApiModel):
         default_factory=list,
         max_length=MAX_PINNED,
         description="Routes always honoured (Manual: the only ones); `cacheroute plan -o yaml` writes them.",
+        # A list map keyed by `key`: the API server refuses a key pinned twice.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["key"]},
     )
 
     rules: ClassVar[tuple[CrossFieldRule, ...]] = (
@@ -121,9 +134,11 @@ class AffinityPlanSpec(ApiModel):
     @model_validator(mode="after")
     def _cross_field(self) -> AffinityPlanSpec:
         enforce(self.rules, self)
-        keys = [p.key for p in self.pinned]
-        if len(set(keys)) != len(keys):
-            raise ValueError("pinned lists the same key twice")
+        seen: set[str] = set()
+        for pin in self.pinned:
+            if pin.key in seen:
+                raise ValueError(f"pinned lists the key {pin.key!r} twice")
+            seen.add(pin.key)
         return self
 
 

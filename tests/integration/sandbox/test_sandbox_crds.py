@@ -88,3 +88,26 @@ def test_an_int_or_word_field_out_of_its_rule_is_rejected_naming_the_value_given
     given = f'"{value}"' if isinstance(value, str) else str(value)
     message = json.loads(rejected.value.body)["message"]
     assert f"must be auto, or an integer from 256 to 1048576, not {given}" in message, message
+
+
+@pytest.mark.parametrize(
+    ("pinned", "field"),
+    [
+        ([{"key": "a", "destinations": ["llama-0"]}, {"key": "a", "destinations": ["llama-1"]}], "spec.pinned[1]"),
+        ([{"key": "a", "destinations": ["llama-0", "llama-0"]}], "spec.pinned[0].destinations[1]"),
+    ],
+    ids=["key twice", "destination twice"],
+)
+def test_a_key_or_destination_pinned_twice_is_refused_by_the_api_server(
+    crds: list[dict[str, Any]], kube_api: Any, namespace: str, pinned: list[dict[str, Any]], field: str
+) -> None:
+    api = client.CustomObjectsApi(kube_api)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "AffinityPlan", "metadata": {"name": "twice"},
+        "spec": {"poolRef": {"name": "llama"}, "mode": "Manual", "pinned": pinned},
+    }
+    with pytest.raises(client.ApiException) as rejected:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, "affinityplans", body)
+    assert rejected.value.status == 422
+    message = json.loads(rejected.value.body)["message"]
+    assert f"{field}: Duplicate value" in message, message

@@ -89,8 +89,10 @@ def test_manual_plan_requires_pinned_and_respects_max_destinations() -> None:
 
 def test_duplicate_pinned_keys_are_refused() -> None:
     twice = [{"key": "a", "destinations": ["d0"]}, {"key": "a", "destinations": ["d1"]}]
-    with pytest.raises(ValidationError, match="same key twice"):
+    with pytest.raises(ValidationError, match="pinned lists the key 'a' twice"):
         AffinityPlan.model_validate(plan(pinned=twice))
+    with pytest.raises(ValidationError, match="pinned key 'a' lists d0 twice"):
+        AffinityPlan.model_validate(plan(pinned=[{"key": "a", "destinations": ["d0", "d1", "d0"]}]))
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("5m", 300), ("1h30m", 5400), ("250ms", 0.25), ("3.5s", 3.5)])
