@@ -24,7 +24,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -332,10 +332,8 @@ class PlanLoop:
             # For the observed KV hit only; read before the pins are checked, so that a period
             # refusing them still reports this window's MetricsAvailable, not an older one's.
             await self._observe(w, keys=False)
-        unknown = inputs.unknown_pinned_destination(w.spec, {d.id for d in everyone})
-        if unknown is not None:
-            message = f"a pinned route names {unknown}, which is not a destination of InferencePool {w.pool_name}"
-            return _not_planned(result, cond.INVALID_PINNED, message)
+        if _refused_pins(w, everyone):
+            return result
         t0 = time.perf_counter()
         plan = manual_plan(
             w.spec,
@@ -388,10 +386,11 @@ class PlanLoop:
                 message += " (it runs no router of its own, spec.router.replicas being 0: Prometheus must scrape yours)"
             result.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, message))
             return False
-        message = (
-            f"{window.total_requests:,.0f} requests, {len(window.keys):,} tracked keys; "
-            f"{len(window.engines)} vLLM pods reporting"
-        )
+        reporting = f"{len(window.engines)} vLLM pods reporting"
+        if keys:
+            message = f"{window.total_requests:,.0f} requests, {len(window.keys):,} tracked keys; {reporting}"
+        else:  # Manual reads the engines' KV hit only, not the routers' per-key counts
+            message = f"observed KV hit {pct(observed)}; {reporting}"
         result.add(Finding(cond.METRICS_AVAILABLE, True, cond.METRICS_READ, message))
         return True
 
@@ -400,6 +399,10 @@ class PlanLoop:
         ready = inputs.pool_destinations(w.pool, ready_only=True)
         if not ready:
             return _not_planned(result, cond.POOL_NOT_READY, f"InferencePool {w.pool_name} has no ready destination")
+        # A pin to a replica the pool has but that is not ready is left out for the period; one to
+        # a replica it does not have at all is a mistake in the spec, refused as in Manual.
+        if _refused_pins(w, inputs.pool_destinations(w.pool, ready_only=False)):
+            return result
         if not await self._observe(w, keys=True):
             why = result.finding(cond.METRICS_AVAILABLE)
             assert why is not None
@@ -584,7 +587,9 @@ class PlanLoop:
             parts.append(f"{pct(figures['coveredRequestShare'])} of requests")
         if figures.get("churn") is not None:
             parts.append(f"churn {pct(figures['churn'])} (forced {pct(figures.get('forcedChurn'))})")
-        message = ", ".join(parts) + f"; {verdict_text(result.verdict)}; {seconds_text(result.seconds)}"
+        # Manual publishes its pins as given: the guard judges computed candidates only.
+        judged = "pinned routes, not replayed" if w.spec.mode == "Manual" else verdict_text(result.verdict)
+        message = ", ".join(parts) + f"; {judged}; {seconds_text(result.seconds)}"
         result.add(Finding(cond.APPLIED, True, reason, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
         result.tell("Normal" if reason == cond.PLAN_APPLIED else "Warning", reason, message)
         return result
@@ -749,6 +754,23 @@ def _waiting(status: Mapping[str, Any]) -> bool:
         isinstance(c, Mapping) and c.get("status") == "False" and c.get("reason") in WAITING_REASONS
         for c in conditions
     )
+
+
+def _refused_pins(w: _Work, everyone: Sequence[Destination]) -> bool:
+    """True (with the findings) when a pinned route names a destination the pool does not have."""
+    unknown = inputs.unknown_pinned_destination(w.spec, {d.id for d in everyone})
+    if unknown is None:
+        return False
+    message = f"a pinned route names {unknown}, which is not a destination of InferencePool {w.pool_name}"
+    _not_planned(w.result, cond.INVALID_PINNED, message)
+    if w.spec.mode != "Shadow":
+        # Said of this generation: the plan in effect stays, not this spec's.
+        if w.current.version:
+            kept = f"plan {w.current.version} stays in effect; this spec's pins are refused: {message}"
+            w.result.add(Finding(cond.APPLIED, True, cond.UNCHANGED, kept))
+        else:
+            w.result.add(Finding(cond.APPLIED, False, cond.INVALID_PINNED, message))
+    return True
 
 
 # Figures of a plan in effect: none while the pool does not exist.

@@ -185,8 +185,12 @@ def shortfalls(plan: ReplayMetrics, base: ReplayMetrics, s: GuardSettings, min_k
     if plan.ttft_p99_s > limit:
         reasons.append(f"p99 TTFT {plan.ttft_p99_s:.2f}s worse than without a plan ({base.ttft_p99_s:.2f}s)")
     if plan.kv_hit < base.kv_hit + min_kv_hit_gain:
-        reasons.append(f"KV hit {plan.kv_hit:.1%} does not beat {base.kv_hit:.1%} without a plan by "
-                       f"{min_kv_hit_gain:.1%}")
+        # Two decimals: a loss by a few hundredths of a point must not read as a rejected tie.
+        if min_kv_hit_gain > 0:
+            reasons.append(f"KV hit {plan.kv_hit:.2%} does not beat {base.kv_hit:.2%} without a plan by "
+                           f"{min_kv_hit_gain:.1%}")
+        else:
+            reasons.append(f"KV hit {plan.kv_hit:.2%} is below {base.kv_hit:.2%} without a plan")
     return reasons
 
 

@@ -18,6 +18,7 @@ from cacheroute.planner.replay.guard import (
     judge,
     median_metrics,
     replay_duration,
+    shortfalls,
 )
 from cacheroute.planner.replay.metrics import ReplayMetrics
 from cacheroute.planner.replay.run import destination_ids
@@ -131,3 +132,12 @@ def test_a_window_measuring_many_requests_is_judged_once_even_when_close() -> No
     plan = _spread_plan(stats)
     big = GuardSettings(min_measured_requests=200, close_margin=10.0, close_max_measured=100)
     assert "median" not in guard_from_stats(stats, plan, duration_s=60.0, settings=big).reason
+
+
+def test_a_loss_by_hundredths_of_a_point_is_not_told_as_a_tie() -> None:
+    settings = GuardSettings()
+    (reason,) = shortfalls(_metrics(0.9108, 1.0), _metrics(0.9112, 1.0), settings, 0.0)
+    assert reason == "KV hit 91.08% is below 91.12% without a plan"
+    assert shortfalls(_metrics(0.9112, 1.0), _metrics(0.9112, 1.0), settings, 0.0) == []  # a tie passes
+    (reason,) = shortfalls(_metrics(0.9150, 1.0), _metrics(0.9112, 1.0), settings, 0.005)
+    assert reason == "KV hit 91.50% does not beat 91.12% without a plan by 0.5%"
