@@ -682,16 +682,14 @@ def _unchanged(w: _Work) -> Finding:
 
 
 def _withdraws(w: _Work, verdict: GuardVerdict) -> bool:
-    """Auto, the candidate lost, and so does the plan in effect against no plan: it has computed
-    routes to withdraw (its pinned routes stay)."""
-    current = w.current.plan
-    return (
-        w.spec.mode == "Auto"
-        and not verdict.passed
-        and not verdict.current_holds
-        and current is not None
-        and len(current) > len(current.pinned_keys)
-    )
+    """Auto, the candidate lost, and so does the plan in effect against no plan: it routes keys
+    that this spec does not pin (withdrawing publishes the spec's pins alone). The pins of the
+    plan in effect do not count: a Manual plan switched to Auto has every route pinned."""
+    current, candidate = w.current.plan, w.result.candidate
+    if w.spec.mode != "Auto" or verdict.passed or verdict.current_holds or current is None:
+        return False
+    pinned = set(candidate.pinned_keys.tolist()) if candidate is not None else set()
+    return any(key not in pinned for key in current.route_keys.tolist())
 
 
 def _in_effect_figures(w: _Work, verdict: GuardVerdict) -> dict[str, Any]:
