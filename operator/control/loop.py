@@ -297,6 +297,7 @@ class PlanLoop:
         pool_name = spec.pool_ref.name
         pool_obj = await self._timed(result, "read", self.api.get_pool, self.namespace, pool_name)
         if pool_obj is None:
+            self._pool_generation = None  # told once: the waiting retry looks again
             return _pool_gone(result, pool_name)
         try:
             pool = InferencePool.model_validate(pool_obj)
