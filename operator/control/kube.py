@@ -106,10 +106,10 @@ class ControlApi:
             raise _fail(f"reading ConfigMap {namespace}/{name}", exc) from None
         return dict(((response or {}).get("metadata") or {}).get("annotations") or {})
 
-    def remove_configmap_annotation(self, namespace: str, name: str, key: str) -> None:
-        """Remove one annotation of a ConfigMap; nothing when the ConfigMap does not exist."""
+    def set_configmap_annotation(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set one annotation of a ConfigMap (None removes it); nothing when the ConfigMap does not exist."""
         try:
-            self.core.patch_namespaced_config_map(name, namespace, {"metadata": {"annotations": {key: None}}})
+            self.core.patch_namespaced_config_map(name, namespace, {"metadata": {"annotations": {key: value}}})
         except self._exception as exc:
             if exc.status != 404:
                 raise _fail(f"writing ConfigMap {namespace}/{name}", exc) from None

@@ -53,6 +53,7 @@ from cacheroute.operator.control.publish import (
     VERSION_ANNOTATION,
     WRITER_ANNOTATION,
     CurrentPlan,
+    claim_writer,
     publish,
     read_current,
     read_writer,
@@ -424,10 +425,7 @@ class PlanLoop:
         }
         if w.spec.mode == "Auto" and same_routing(candidate, previous):
             self.metrics.verdict("skipped")
-            result.outcome = "unchanged"
-            result.status.update(figures, churn=0.0, forcedChurn=0.0)
-            result.add(_unchanged(w), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
-            return result
+            return await self._keep(w, {**figures, "churn": 0.0, "forcedChurn": 0.0})
         if w.spec.mode == "Auto" and not len(candidate) and previous is not None and len(previous):
             self.metrics.verdict("skipped")
             message = f"the candidate routes no key; plan {w.current.version} with {len(previous):,} routes stays"
@@ -552,10 +550,7 @@ class PlanLoop:
     ) -> PeriodResult:
         result = w.result
         if same_routing(plan, w.current.plan):
-            result.outcome = "unchanged"
-            result.status.update(figures)
-            result.add(_unchanged(w), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
-            return result
+            return await self._keep(w, figures)
         try:
             if payload is None:
                 payload = result.payload = await self._timed(result, "plan", encode_checked, plan)
@@ -593,6 +588,25 @@ class PlanLoop:
         message = ", ".join(parts) + f"; {judged}; {seconds_text(result.seconds)}"
         result.add(Finding(cond.APPLIED, True, reason, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
         result.tell("Normal" if reason == cond.PLAN_APPLIED else "Warning", reason, message)
+        return result
+
+    async def _keep(self, w: _Work, figures: Mapping[str, Any]) -> PeriodResult:
+        """The plan in effect already routes as this plan would: nothing to publish, but the pool
+        becomes this plan's if no other plan publishes it now (taken over from a plan moved to
+        Shadow, say), so that its next change is published rather than refused."""
+        result = w.result
+        if w.current.writer != self.name:
+            async with _publish_lock(self.namespace, w.pool_name):
+                if await self._claimed(w, fresh=True):
+                    return result
+                try:
+                    await self._timed(result, "publish", claim_writer, self.api, self.namespace, w.pool_name, self.name)
+                except ApiError as exc:
+                    log.warning("AffinityPlan %s/%s: naming it the publisher failed: %s",
+                                self.namespace, self.name, exc)
+        result.outcome = "unchanged"
+        result.status.update(figures)
+        result.add(_unchanged(w), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
         return result
 
     async def _claimed(self, w: _Work, *, fresh: bool = False) -> bool:

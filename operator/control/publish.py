@@ -51,8 +51,14 @@ def release_writer(api: ControlApi, namespace: str, pool: str, writer: str) -> b
     stays in effect. False when another AffinityPlan, or none, is named."""
     if read_writer(api, namespace, pool) != writer:
         return False
-    api.remove_configmap_annotation(namespace, configmap_name(pool, 0), WRITER_ANNOTATION)
+    api.set_configmap_annotation(namespace, configmap_name(pool, 0), WRITER_ANNOTATION, None)
     return True
+
+
+def claim_writer(api: ControlApi, namespace: str, pool: str, writer: str) -> None:
+    """Name `writer` as the pool's publisher of the plan in effect, which it would publish
+    unchanged (it takes over a pool whose plan already routes as its own would)."""
+    api.set_configmap_annotation(namespace, configmap_name(pool, 0), WRITER_ANNOTATION, writer)
 
 
 def read_current(api: ControlApi, namespace: str, pool: str) -> CurrentPlan:

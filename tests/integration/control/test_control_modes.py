@@ -128,12 +128,37 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     plan = published_plan(kube_api, namespace, "llama")
     assert plan is not None and plan.routes() == taken
 
+    # A plan that would publish exactly the plan in effect takes the pool over all the same: its
+    # next change is published, not refused.
+    core = client.CoreV1Api(kube_api)
+    create_plan(kube_api, namespace, plan_manifest("twin", "llama", mode="Manual", controlPeriod="1h",
+                                                    pinned=[{"key": "tenant-z", "destinations": ["llama-0"]}]))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "twin"), "Applied").get("reason") == "PoolClaimed",
+             timeout=60, what="the twin refused")
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "intruder", {"spec": {"mode": "Shadow"}}
+    )
+    wait_for(lambda: (core.read_namespaced_config_map("llama-plan", namespace).metadata.annotations or {})
+             .get("cacheroute.dev/affinity-plan") == "twin", timeout=45, what="the twin named the publisher")
+    assert condition(get_plan(kube_api, namespace, "twin"), "Applied")["reason"] == "Unchanged"
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "twin",
+        {"spec": {"pinned": [{"key": "tenant-z", "destinations": ["llama-1"]}]}},
+    )
+    taken = {affinity_key_hash("tenant-z"): ("llama-1",)}
+
+    def twin_published() -> bool:
+        plan = published_plan(kube_api, namespace, "llama")
+        return plan is not None and plan.routes() == taken
+
+    wait_for(twin_published, timeout=30, what="the twin's new pin published")
+
     # Deleted, the plan names itself no more as the pool's publisher; its routes stay in effect.
     client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
-        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "intruder"
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "twin"
     )
-    wait_for(lambda: not plan_exists(kube_api, namespace, "intruder"), timeout=60, what="the AffinityPlan gone")
-    head = client.CoreV1Api(kube_api).read_namespaced_config_map("llama-plan", namespace)
+    wait_for(lambda: not plan_exists(kube_api, namespace, "twin"), timeout=60, what="the AffinityPlan gone")
+    head = core.read_namespaced_config_map("llama-plan", namespace)
     assert "cacheroute.dev/affinity-plan" not in (head.metadata.annotations or {})
     plan = published_plan(kube_api, namespace, "llama")
     assert plan is not None and plan.routes() == taken
