@@ -490,7 +490,8 @@ class PlanLoop:
         candidate = plan_result.plan
         notes = [*pin_notes] + ([] if prepared.output_tokens_known else ["vLLM reported no generated tokens"])
         message = (
-            f"candidate {payload.version}: {len(candidate):,} routes for {len(prepared.stats):,} keys, "
+            f"candidate {payload.version}: {len(candidate):,} routes ({len(candidate.pinned_keys):,} pinned), "
+            f"keys in the window: {len(prepared.stats):,}, "
             f"{pct(candidate.summary.admitted_request_share)} of requests, churn {pct(plan_result.churn)} "
             f"(forced {pct(plan_result.churn_forced)}) on {len(ready)} ready destinations"
         )
@@ -788,8 +789,8 @@ def _refused_pins(w: _Work, everyone: Sequence[Destination]) -> bool:
 
 # Figures of a plan in effect: none while the pool does not exist.
 _FIGURES = (
-    "planVersion", "appliedAt", "admittedKeys", "coveredRequestShare", "churn", "forcedChurn",
-    "predictedKvHit", "observedKvHit", "predictedP99TtftSeconds",
+    "planVersion", "appliedAt", "candidateVersion", "admittedKeys", "coveredRequestShare", "churn",
+    "forcedChurn", "predictedKvHit", "observedKvHit", "predictedP99TtftSeconds",
 )
 
 

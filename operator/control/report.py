@@ -80,5 +80,7 @@ def events_to_post(old_status: Mapping[str, Any], result: PeriodResult) -> list[
             continue
         if event.reason == failing_for and (event.kind == "Warning" or event.reason in cond.WAITING):
             continue
+        if event in out:  # a failure that is also MetricsAvailable's transition is told once
+            continue
         out.append(event)
     return out

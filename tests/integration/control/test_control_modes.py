@@ -237,4 +237,5 @@ def test_a_plan_republishes_a_deleted_configmap_and_stops_describing_a_deleted_p
     wait_for(gone, timeout=45, what="Ready=False PoolNotFound")
     status = get_plan(kube_api, namespace, "pins")["status"]
     assert status.get("planVersion") is None and status.get("admittedKeys") is None
+    assert status.get("candidateVersion") is None
     assert condition(get_plan(kube_api, namespace, "pins"), "Applied")["reason"] == "PoolNotFound"

@@ -113,3 +113,11 @@ def test_metrics_available_turning_either_way_is_told() -> None:
     assert (event.kind, event.reason) == ("Warning", "PrometheusUnreachable")
     steady = PeriodResult("kept", 1, [Finding(cond.METRICS_AVAILABLE, True, "MetricsRead", "ok")])
     assert events_to_post(old, steady) == []
+
+
+def test_a_failure_that_is_also_metrics_turning_is_told_once() -> None:
+    old = {"conditions": cond.merge([], [Finding(cond.METRICS_AVAILABLE, True, "MetricsRead")], generation=1, now=T0)}
+    gone = PeriodResult("kept", 1, [Finding(cond.METRICS_AVAILABLE, False, cond.POOL_NOT_FOUND, "no pool")])
+    gone.tell("Warning", cond.POOL_NOT_FOUND, "no pool")
+    (event,) = events_to_post(old, gone)
+    assert (event.kind, event.reason, event.message) == ("Warning", cond.POOL_NOT_FOUND, "no pool")
