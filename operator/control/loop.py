@@ -320,7 +320,12 @@ class PlanLoop:
             return result
         if spec.mode == "Manual":
             return await self._manual(work)
-        return await self._computed(work)
+        await self._computed(work)
+        if spec.mode == "Shadow" and result.finding(cond.APPLIED) is None:
+            # A period that ended early still says Shadow applies nothing, rather than leave the
+            # Applied of an earlier mode standing.
+            result.add(Finding(cond.APPLIED, False, cond.SHADOW_MODE, "mode Shadow: nothing is applied"))
+        return result
 
     # --- Manual ----------------------------------------------------------------------------------
 

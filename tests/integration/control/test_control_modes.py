@@ -124,6 +124,9 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     )
     wait_for(lambda: condition(get_plan(kube_api, namespace, "intruder"), "Applied").get("status") == "True",
              timeout=45, what="the waiting plan applied")
+    # With no traffic to plan from, the Shadow plan still says it applies nothing (not Manual's Applied).
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Applied").get("reason") == "ShadowMode",
+             timeout=30, what="Applied=False ShadowMode")
     taken = {affinity_key_hash("tenant-z"): ("llama-0",)}
     plan = published_plan(kube_api, namespace, "llama")
     assert plan is not None and plan.routes() == taken
