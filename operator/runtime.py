@@ -290,8 +290,6 @@ def run(options: RunOptions) -> None:
     if not options.standalone:
         time.sleep(max(0.0, announced + PEERING_GRACE_S - time.monotonic()))
     if options.kubeconfig is not None:
-        import os
-
         # kopf logs in through the kubernetes client's default configuration.
         os.environ["KUBECONFIG"] = str(options.kubeconfig)
     asyncio.run(_main(options))

@@ -116,7 +116,6 @@ def enforce(rules: tuple[CrossFieldRule, ...], spec: Any) -> None:
             raise ValueError(rule.message)
 
 
-
 def int_or_words_message(lo: int | None, hi: int | None, words: list[str]) -> str:
     """What an integer-or-word field must be; the CRD's CEL rule says it in the same words."""
     if lo is not None and hi is not None:

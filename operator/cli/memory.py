@@ -82,7 +82,7 @@ def _host_kv(value: str | None) -> int | Literal["auto"] | None:
     text = "0" if value is None else value.strip().lower()
     if text == "auto":
         return "auto"
-    if text in ("0", ""):
+    if not text:
         return None
     gib = _count_or_auto(text, "--host-kv-gib", 65_536, lowest=0)
     assert gib is not None  # "auto" was answered above

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cacheroute.operator.cli.errors import fail
+
 if TYPE_CHECKING:
     from cacheroute.sandbox.loadgen.report import Summary
 
@@ -37,12 +39,6 @@ def summary_table(summary: Summary) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
-
-
-def _bad_input(message: str) -> typer.Exit:
-    """`error: message` on one line, and the exit status of bad input."""
-    err.print(f"error: {' '.join(message.split())}", style="red", markup=False, soft_wrap=True)
-    return typer.Exit(2)
 
 
 def load(  # noqa: PLR0917 - one parameter per option
@@ -99,10 +95,10 @@ def load(  # noqa: PLR0917 - one parameter per option
     from cacheroute.sandbox.loadgen.schedule import ScheduleError, build_schedule, load_trace
 
     if api not in API_NAMES:
-        raise _bad_input(f"--api {api!r} is not one of {', '.join(API_NAMES)}")
+        raise fail(f"--api {api!r} is not one of {', '.join(API_NAMES)}")
     if out is not None and not out.parent.is_dir():
         # Before the run, not after it: results of a long load are not to be lost to a typo.
-        raise _bad_input(f"--out {out}: folder {out.parent} does not exist")
+        raise fail(f"--out {out}: folder {out.parent} does not exist")
     try:
         check_target(url)
         tr, source = load_trace(
@@ -122,7 +118,7 @@ def load(  # noqa: PLR0917 - one parameter per option
             max_input_tokens=max_input_tokens,
         )
     except (TargetError, ScheduleError) as exc:
-        raise _bad_input(str(exc)) from None
+        raise fail(str(exc)) from None
     settings = LoadSettings(
         url=url, api=api, model=model, key_header=key_header or None, key_field=key_field or None, timeout_s=timeout
     )
