@@ -390,7 +390,8 @@ def test_a_deleted_workload_or_service_is_back_in_seconds_not_at_the_resync(
 
             until(back, f"{what} recreated", timeout=20)
         pools.await_condition("llama", "Ready", "True", timeout=120)
-        assert len(operator.events("Recreated", "llama")) >= 4
+        # The pass logs its Events once it has applied every object, a moment after the last one is back.
+        until(lambda: len(operator.events("Recreated", "llama")) >= 4, "a Recreated Event for each", timeout=20)
     finally:
         pools.remove_all()
         operator.stop()
