@@ -28,6 +28,7 @@ import kopf
 from cacheroute.operator import context
 from cacheroute.operator.api.peering import PEERING_FILE, PEERING_GROUP, PEERING_VERSION
 from cacheroute.operator.config import OperatorConfig
+from cacheroute.operator.control.kube import EVENT_SOURCE
 from cacheroute.operator.fleet.cluster import Cluster, KubeError
 from cacheroute.operator.work import PriorityExecutor
 
@@ -212,6 +213,8 @@ def settings_for(options: RunOptions) -> kopf.OperatorSettings:
     )
     # Only warnings and errors of kopf itself become Events; ours are posted explicitly.
     settings.posting.level = logging.WARNING
+    # One "From" for every Event of the operator (an AffinityPlan's are posted without kopf).
+    settings.posting.reporting_component = EVENT_SOURCE
     settings.execution.max_workers = options.workers
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

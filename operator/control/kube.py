@@ -7,12 +7,20 @@ thread. Not-found comes back as None; other API errors raise `ApiError` with a o
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
+
+from urllib3.exceptions import HTTPError
 
 from cacheroute.operator.api.common import GROUP, VERSION
 
+log = logging.getLogger(__name__)
+
 POOL_PLURAL = "inferencepools"
+# The "From" of the operator's Events in `kubectl describe`.
+EVENT_SOURCE = "cacheroute-operator"
 PLAN_PLURAL = "affinityplans"
 
 
@@ -152,3 +160,31 @@ class ControlApi:
                 except self._exception as again:
                     raise _fail(f"writing ConfigMap {namespace}/{name}", again) from None
             raise _fail(f"creating ConfigMap {namespace}/{name}", exc) from None
+
+    def post_event(self, involved: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Post an Event about the object `involved` (a body) and return once the API server holds
+        it. A refusal is logged, not raised: an Event is worth less than the work it tells of."""
+        meta = involved.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        now = datetime.now(UTC).isoformat()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'cacheroute')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"),
+                "name": meta.get("name"), "namespace": namespace, "uid": meta.get("uid"),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message,
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(namespace, body)
+        except (self._exception, HTTPError, OSError) as exc:
+            log.warning("%s Event %s (%s) not posted: %s", kind, reason, message, _fail("posting it", exc))

@@ -84,6 +84,8 @@ POOL_CHECK_S = 10.0
 
 
 class EventSink(Protocol):
+    """Posts one Event and returns once it is posted (called in a worker thread)."""
+
     def __call__(self, kind: EventKind, reason: str, message: str) -> None: ...
 
 
@@ -646,9 +648,11 @@ class PlanLoop:
         mode = str((body.get("spec") or {}).get("mode", "Auto"))
         to_post = events_to_post(old_status, result)
         result.status = new_status(old_status, result, mode=mode, generation=generation, now=self.clock())
-        await asyncio.to_thread(self.api.patch_plan_status, self.namespace, self.name, result.status)
+        # Told before the status that records them is written: an operator that dies in between
+        # (or a status write that fails) has the next period tell them again, rather than never.
         for event in to_post:
-            self.events(event.kind, event.reason, event.message)
+            await asyncio.to_thread(self.events, event.kind, event.reason, event.message)
+        await asyncio.to_thread(self.api.patch_plan_status, self.namespace, self.name, result.status)
 
     async def release(self, body: Mapping[str, Any]) -> None:
         """This AffinityPlan is deleted: its pool's plan ConfigMaps stop naming it as their

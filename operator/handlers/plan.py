@@ -48,9 +48,10 @@ def _api() -> ControlApi:
 
 def _events(body: kopf.Body) -> Any:
     def post(kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        # kopf.event, not kopf.info/warn: those obey the logging level set for kopf's own Events.
+        # Posted through the API at once, not queued with kopf.event: the loop writes the status
+        # that records a period's Events only once they are posted, so none is lost to a crash.
         # Messages are cut to 1,000 characters; the condition holds the full text.
-        kopf.event(body, type=kind, reason=reason, message=message[:1000])
+        _api().post_event(body, kind, reason, message[:1000])
 
     return post
 

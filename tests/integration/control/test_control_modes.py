@@ -143,7 +143,9 @@ def test_manual_publishes_exactly_the_pinned_routes(env: ControlEnv) -> None:
     )
     wait_for(lambda: (core.read_namespaced_config_map("llama-plan", namespace).metadata.annotations or {})
              .get("cacheroute.dev/affinity-plan") == "twin", timeout=45, what="the twin named the publisher")
-    assert condition(get_plan(kube_api, namespace, "twin"), "Applied")["reason"] == "Unchanged"
+    # The period writes the twin's status after naming it (its Events go first).
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "twin"), "Applied").get("reason") == "Unchanged",
+             timeout=10, what="the twin's Applied=True Unchanged")
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
         "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "twin",
         {"spec": {"pinned": [{"key": "tenant-z", "destinations": ["llama-1"]}]}},
