@@ -46,6 +46,14 @@ class EnvoySettings(_Model):
     route_timeout: str = Field(
         default="600s", pattern=r"^[0-9]+(ms|s)$", description="Longest request, streaming included."
     )
+    max_request_bytes: int = Field(
+        # The router's defaults and bounds (cacheroute.router.envoy), which the operator may not import.
+        default=16 << 20,
+        ge=1 << 20,
+        le=64 << 20,
+        description="Largest request body Envoy holds for the picker (BUFFERED); a larger one gets 413 from "
+        "Envoy. The picker reads the key from the first MiB; past it p2c routes.",
+    )
     concurrency: int = Field(default=2, ge=1, le=64, description="Envoy worker threads.")
     log_level: Literal["trace", "debug", "info", "warning", "error", "critical", "off"] = Field(
         default="warning", description="Envoy's log level."

@@ -15,6 +15,7 @@ from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
 from cacheroute.planner.tokenload import DEFAULT_IN_FLIGHT_WEIGHT, DEFAULT_TOKENS_PER_LOAD_UNIT
 from cacheroute.router import drain, eventloop, sidecar
+from cacheroute.router.envoy import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES
 from cacheroute.router.settings import (
     BODY_MODES,
     DEFAULT_GRPC_PORT,
@@ -347,6 +348,13 @@ def envoy_config(
     request_body_mode: Annotated[
         str, typer.Option(help="ext_proc request body mode: NONE, BUFFERED or FULL_DUPLEX_STREAMED.")
     ] = "BUFFERED",
+    max_request_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1, max=MAX_REQUEST_BYTES,
+            help="Largest request body Envoy holds for the router in the buffered modes (413 past it).",
+        ),
+    ] = DEFAULT_MAX_REQUEST_BYTES,
 ) -> None:
     """Print an Envoy bootstrap (YAML) that routes through the router: the standalone deployment."""
     import yaml
@@ -357,7 +365,8 @@ def envoy_config(
         router = parse_address(router_address, "router")
         pool = [parse_address(e) for e in re.split(r"[,\s]+", endpoints) if e]
         document = gateway_bootstrap(
-            router, pool, GatewayOptions(listen_port=listen_port, request_body_mode=request_body_mode.upper())
+            router, pool, GatewayOptions(listen_port=listen_port, request_body_mode=request_body_mode.upper(),
+                                         max_request_bytes=max_request_bytes),
         )
     except (SettingsError, ValueError) as exc:
         raise _fail(str(exc)) from None

@@ -18,6 +18,9 @@ from typing import Any
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 BODY_MODES = ("NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED")
+DEFAULT_MAX_REQUEST_BYTES = 16 << 20
+# The router's gRPC server takes ext_proc messages up to this: a whole buffered body and its frame.
+MAX_REQUEST_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,10 @@ class GatewayOptions:
     with_ext_proc: bool = True
     # When the router does not answer: let the request through (True) or fail it (False).
     failure_mode_allow: bool = True
+    # Envoy's buffer per connection, the largest request body it holds for the picker in the
+    # buffered body modes (past it Envoy answers 413). Envoy's own default, 1 MiB, refuses long
+    # prompts a model accepts.
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 def _socket(address: str) -> dict[str, Any]:
@@ -85,6 +92,8 @@ def gateway_bootstrap(router: str, endpoints: Sequence[str], options: GatewayOpt
     for mode in (options.request_body_mode, options.response_body_mode):
         if mode not in BODY_MODES:
             raise ValueError(f"body mode {mode!r} is not one of {', '.join(BODY_MODES)}")
+    if not 0 < options.max_request_bytes <= MAX_REQUEST_BYTES:
+        raise ValueError(f"max request bytes {options.max_request_bytes} is not between 1 and {MAX_REQUEST_BYTES}")
     if not endpoints:
         raise ValueError("the fail-open cluster needs at least one endpoint")
     routes: list[dict[str, Any]] = [
@@ -131,6 +140,7 @@ def gateway_bootstrap(router: str, endpoints: Sequence[str], options: GatewayOpt
     listener = {
         "name": "ingress",
         "address": {"socket_address": {"address": options.listen_address, "port_value": options.listen_port}},
+        "per_connection_buffer_limit_bytes": options.max_request_bytes,
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                         "typed_config": manager}]}],
     }

@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cacheroute.router import native
 from cacheroute.router.endpoints import EndpointPool, SliceEndpoint
+from cacheroute.router.envoy import MAX_REQUEST_BYTES
 from cacheroute.router.extproc import SERVICE as EXT_PROC_SERVICE
 from cacheroute.router.extproc import RouterCore
 from cacheroute.router.metrics import RouterMetrics
@@ -150,7 +151,12 @@ class Router:
         self.pool.set_static(s.endpoints)
 
         server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 100_000)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_concurrent_streams", 100_000),
+                # A buffered body comes in one message: as large as any Envoy in front may hold.
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES + (1 << 20)),
+            ],
         )
         ExternalProcessor(self.core).add_to(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -16,7 +16,14 @@ from typing import Annotated
 import typer
 import yaml
 
-from cacheroute.router.envoy import BODY_MODES, GatewayOptions, PodEnvoyOptions, pod_bootstrap
+from cacheroute.router.envoy import (
+    BODY_MODES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    MAX_REQUEST_BYTES,
+    GatewayOptions,
+    PodEnvoyOptions,
+    pod_bootstrap,
+)
 from cacheroute.router.settings import SettingsError, parse_address
 
 ENV = "CACHEROUTE_ROUTER_ENVOY_"
@@ -69,6 +76,13 @@ def envoy(  # noqa: PLR0917 - one parameter per command-line option
     request_body_mode: Annotated[
         str, typer.Option(envvar=ENV + "REQUEST_BODY_MODE", help="NONE, BUFFERED or FULL_DUPLEX_STREAMED.")
     ] = "BUFFERED",
+    max_request_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1, max=MAX_REQUEST_BYTES, envvar=ENV + "MAX_REQUEST_BYTES",
+            help="Largest request body Envoy holds for the picker in the buffered modes (413 past it).",
+        ),
+    ] = DEFAULT_MAX_REQUEST_BYTES,
     concurrency: Annotated[
         int, typer.Option(min=1, max=256, envvar=ENV + "CONCURRENCY", help="Envoy worker threads.")
     ] = 2,
@@ -121,6 +135,7 @@ def envoy(  # noqa: PLR0917 - one parameter per command-line option
             message_timeout=message_timeout,
             route_timeout=route_timeout,
             failure_mode_allow=failure_mode_allow,
+            max_request_bytes=max_request_bytes,
         ),
     )
     document = pod_bootstrap(options)

@@ -130,6 +130,7 @@ def envoy_args(pool: names.PoolRef, spec: InferencePoolSpec, config: OperatorCon
         "--message-timeout", envoy.message_timeout,
         "--route-timeout", envoy.route_timeout,
         "--request-body-mode", envoy.request_body_mode,
+        "--max-request-bytes", str(envoy.max_request_bytes),
         "--concurrency", str(envoy.concurrency),
         "--log-level", envoy.log_level,
         "--admin-socket", ADMIN_SOCKET,

@@ -312,6 +312,37 @@ def test_oversized_body_is_not_buffered_for_a_key(
     assert engines[1].received[-1].body == chat(user="alice")
 
 
+@pytest.mark.parametrize("body_mode", BODY_MODES)
+def test_a_long_prompt_past_the_routers_body_limit_is_served_by_p2c(
+    engines: list[Engine], volume: PlanVolume, start_router: RouterStarter, gateway: GatewayStarter, body_mode: str
+) -> None:
+    """A 6 MiB body (long prompts, images inline) passes Envoy's buffer (16 MiB by default, not
+    Envoy's own 1 MiB), is not parsed past the router's 1 MiB, goes where p2c sends it, whole."""
+    volume.publish(make_plan(engines, {"alice": [1]}))
+    router = start_router("--plan-dir", str(volume.path))
+    gw = gateway(router, engines, request_body_mode=body_mode)
+    big = chat(user="alice", text="x" * (6 << 20))
+    with httpx.Client(timeout=30) as client:
+        assert [post(client, gw.url, big).status_code for _ in range(3)] == [200] * 3
+        assert post(client, gw.url, chat(user="alice")).status_code == 200
+    assert router.sample("cacheroute_router_body_key_fallbacks_total", reason="too_large") == 3
+    assert router.sample("cacheroute_router_decisions_total", outcome="p2c") == 3
+    assert sorted(len(r.body) for e in engines for r in e.received)[-3:] == [len(big)] * 3
+    assert engines[1].received[-1].body == chat(user="alice")
+
+
+def test_a_body_past_envoys_buffer_is_refused_by_envoy(
+    engines: list[Engine], volume: PlanVolume, start_router: RouterStarter, gateway: GatewayStarter
+) -> None:
+    volume.publish(make_plan(engines, {"alice": [1]}))
+    router = start_router("--plan-dir", str(volume.path))
+    gw = gateway(router, engines, max_request_bytes=2 << 20)
+    with httpx.Client(timeout=30) as client:
+        assert post(client, gw.url, chat(user="alice", text="x" * (3 << 20))).status_code == 413
+        assert post(client, gw.url, chat(user="alice", text="x" * (1 << 20))).status_code == 200
+    assert sum(e.count() for e in engines) == 1
+
+
 def test_per_key_metrics_name_heavy_keys_by_hash(
     engines: list[Engine], volume: PlanVolume, start_router: RouterStarter, gateway: GatewayStarter
 ) -> None:

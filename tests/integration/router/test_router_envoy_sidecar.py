@@ -63,11 +63,15 @@ def test_router_pod_routes_http_through_envoy_and_fails_closed_without_the_picke
                            timeout=10)
         assert reply.status_code == 200
         assert engine.count() == 1
+        # A prompt past Envoy's own 1 MiB buffer is served too (routed by p2c), not refused with a 413.
+        long_prompt = {"model": "m", "prompt": "x" * (6 << 20), "user": "k1"}
+        assert httpx.post(f"http://{pod_ip}:8080/v1/completions", json=long_prompt, timeout=30).status_code == 200
+        assert engine.count() == 2
 
         picker.stop()
         failed = httpx.post(f"http://{pod_ip}:8080/v1/completions", json={"model": "m", "prompt": "hi"}, timeout=10)
         assert failed.status_code >= 500
-        assert engine.count() == 1
+        assert engine.count() == 2
     finally:
         envoy.stop()
         picker.stop()

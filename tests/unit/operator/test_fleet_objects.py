@@ -220,6 +220,27 @@ def test_a_stopping_router_pod_drains_envoy_and_keeps_its_picker_until_the_reque
     assert (hooks["envoy"]["wait_only"], hooks["picker"]["wait_only"]) == (False, True)
 
 
+def test_the_router_pods_envoy_holds_the_configured_request_body_within_the_routers_bounds() -> None:
+    """Envoy's buffer of the router pod is what the operator's configuration says (16 MiB unless
+    told): Envoy's own 1 MiB default would answer 413 to long prompts; the operator's bounds are
+    the router's own, so every configuration it accepts renders an Envoy the picker can serve."""
+    from cacheroute.operator.config import EnvoySettings
+    from cacheroute.router.envoy import DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES
+
+    field = EnvoySettings.model_fields["max_request_bytes"]
+    bounds = {type(m).__name__: getattr(m, "ge", getattr(m, "le", None)) for m in field.metadata}
+    assert (field.default, bounds["Le"]) == (DEFAULT_MAX_REQUEST_BYTES, MAX_REQUEST_BYTES)
+    command = typer.main.get_command(router_app)
+    for size in (16 << 20, 40 << 20):
+        config = CONFIG.model_copy(deep=True)
+        config.router.envoy.max_request_bytes = size
+        envoy = pod_spec(router.build_deployment(POOL, SPEC, config))["containers"][1]
+        params = command.commands["envoy"].make_context("envoy", [*envoy["args"][2:], "--print"]).params  # type: ignore[attr-defined]
+        assert params["max_request_bytes"] == size
+    with pytest.raises(ValueError, match="less than or equal"):
+        EnvoySettings(max_request_bytes=MAX_REQUEST_BYTES + 1)
+
+
 def test_the_router_is_told_what_one_replica_holds_once_the_memory_plan_is_decided(tmp_path: Path) -> None:
     """Without a plan (Shadow mode, before the first period) the router sizes its prefix memory from
     the replicas' KV, GPU and host tiers; while the memory plan is not decided it is not told."""
