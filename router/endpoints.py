@@ -77,6 +77,7 @@ class EndpointPool:
         self._static: tuple[str, ...] = ()
         self._plan: tuple[Destination, ...] = ()
         self._slices: dict[str, SliceEndpoint] | None = None
+        self._plan_names_pods = False
         self.by_address: dict[str, Endpoint] = {}
         self.ready: tuple[Endpoint, ...] = ()
         # Totals over `ready`, kept incrementally so the mean load is O(1) per decision.
@@ -114,22 +115,31 @@ class EndpointPool:
         return self._slices is not None
 
     def resolve(self, destination: Destination) -> Endpoint | None:
-        """The endpoint of a plan destination: its address, or the slice address of its pod."""
-        if destination.address:
-            return self.by_address.get(destination.address)
-        if self._slices is not None:
-            for item in self._slices.values():
-                if item.pod == destination.id:
-                    return self.by_address.get(item.address)
-        return None
+        """The endpoint of a plan destination (None when it has none now)."""
+        address = self._plan_address(destination, self._pods())
+        return self.by_address.get(address) if address else None
+
+    def _pods(self) -> dict[str, str]:
+        """Pod name -> address, from the watched slices."""
+        return {s.pod: s.address for s in self._slices.values()} if self._slices is not None else {}
+
+    def _plan_address(self, destination: Destination, pods: Mapping[str, str]) -> str:
+        """Where a plan destination is now. Where the plan names the slices' pods (the operator's
+        `<pool>-<i>`), the slices say: a pod back on a new address is found there, and the address
+        the plan recorded may belong to another pod by now (or to none). Otherwise the plan's
+        address, else the slice address of a pod of that name."""
+        if self._plan_names_pods:
+            return pods.get(destination.id, "")
+        return destination.address or pods.get(destination.id, "")
 
     def _rebuild(self) -> None:
         wanted: dict[str, str] = {}
         for address in self._static:
             wanted.setdefault(address, "")
-        pods = {s.pod: s.address for s in self._slices.values()} if self._slices is not None else {}
+        pods = self._pods()
+        self._plan_names_pods = any(d.id in pods for d in self._plan)
         for dest in self._plan:
-            address = dest.address or pods.get(dest.id, "")
+            address = self._plan_address(dest, pods)
             if address:
                 wanted[address] = dest.id
         if self._slices is not None:

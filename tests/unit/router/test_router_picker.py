@@ -215,6 +215,28 @@ def test_slices_decide_membership_except_for_static_endpoints() -> None:
     assert not pool.by_address[ADDRESSES[3]].ready
 
 
+def test_pods_back_on_new_addresses_are_found_by_name_not_by_the_plans_old_addresses() -> None:
+    """The plan was written before the pods moved: pool-0 came back on a new address, pool-1's old
+    address now belongs to pool-3, pool-2 is gone. The slices say where each pod is; the plan's
+    addresses neither name another pod's endpoint nor leave a phantom to scrape."""
+    plan = plan_for({"alice": [0], "bob": [1]})
+    picker = picker_for(plan)
+    pool = picker.pool
+    moved = "10.0.1.1:8000"
+    pool.set_slices({
+        moved: SliceEndpoint(moved, "pool-0", True),
+        ADDRESSES[1]: SliceEndpoint(ADDRESSES[1], "pool-3", True),
+        ADDRESSES[4]: SliceEndpoint(ADDRESSES[4], "pool-4", True),
+    })
+    assert {a: e.destination for a, e in pool.by_address.items()} == {
+        moved: "pool-0", ADDRESSES[1]: "pool-3", ADDRESSES[4]: "pool-4",
+    }
+    alice = picker.pick(key("alice"))
+    assert (alice.outcome, alice.endpoints[0].address) == (PLANNED, moved)
+    # bob's destination has no pod now: not sent to the pod that took its old address as if planned.
+    assert picker.pick(key("bob")).outcome != PLANNED
+
+
 def test_an_unplanned_key_keeps_to_its_two_ring_candidates_on_every_replica() -> None:
     plan = plan_for({"alice": [0]})
     one, two = picker_for(plan, seed=1), picker_for(plan, seed=2)
