@@ -99,11 +99,17 @@ class Router:
         self._metrics_server: Any = None
         self.supervisor = Supervisor(
             on_change=self._health_changed,
-            on_state=lambda name, up: self.metrics.task_up.labels(name).set(1 if up else 0),
+            on_state=self._task_state,
             on_restart=lambda name: self.metrics.task_restarts.labels(name).inc(),
         )
         self._health_state: bool | None = None
         self._was_ready = False
+
+    def _task_state(self, name: str, up: bool) -> None:
+        self.metrics.task_up.labels(name).set(1 if up else 0)
+        # Restarts are exported at 0 from the task's start: a counter that appears only at its
+        # first restart reads "no data" in dashboards and alerts.
+        self.metrics.task_restarts.labels(name)
 
     # --- readiness --------------------------------------------------------------------------------
 

@@ -100,6 +100,9 @@ async def test_readiness_is_not_serving_while_a_task_is_down(tmp_path: Path, mon
                 return int(reply.status)
 
             assert await readiness() == SERVING
+            # Every task's restarts are exported from its start, at 0 (dashboards see a zero, not no data).
+            restarts = router.metrics.registry.get_sample_value
+            assert restarts("cacheroute_router_task_restarts_total", {"task": "plan-store"}) == 0
             await until(lambda: "plan-store" in router.supervisor.down)
             await until(lambda: router._health_state is False)
             assert await readiness() == NOT_SERVING
