@@ -443,7 +443,8 @@ class PlanLoop:
             # Pods that came back on new addresses: the same routes, nothing to judge.
             self.metrics.verdict("skipped")
             figures.update(churn=0.0, forcedChurn=0.0)
-            return await self._apply(w, candidate, figures, payload)
+            return await self._apply(w, candidate, figures, payload,
+                                     judged="the same routes on the pods' new addresses, not replayed")
         if not await self._judge(w, candidate, ready, figures):
             verdict = result.verdict
             if verdict is not None and _withdraws(w, verdict):
@@ -554,7 +555,7 @@ class PlanLoop:
 
     async def _apply(
         self, w: _Work, plan: Plan, figures: Mapping[str, Any], payload: PlanPayload | None = None, *,
-        reason: str = cond.PLAN_APPLIED, why: str = "",
+        reason: str = cond.PLAN_APPLIED, why: str = "", judged: str = "",
     ) -> PeriodResult:
         result = w.result
         if same_routing(plan, w.current.plan):
@@ -592,7 +593,8 @@ class PlanLoop:
         if figures.get("churn") is not None:
             parts.append(f"churn {pct(figures['churn'])} (forced {pct(figures.get('forcedChurn'))})")
         # Manual publishes its pins as given: the guard judges computed candidates only.
-        judged = "pinned routes, not replayed" if w.spec.mode == "Manual" else verdict_text(result.verdict)
+        if not judged:
+            judged = "pinned routes, not replayed" if w.spec.mode == "Manual" else verdict_text(result.verdict)
         message = ", ".join(parts) + f"; {judged}; {seconds_text(result.seconds)}"
         result.add(Finding(cond.APPLIED, True, reason, message), Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
         result.tell("Normal" if reason == cond.PLAN_APPLIED else "Warning", reason, message)
