@@ -18,6 +18,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import json
 import logging
 import re
 import threading
@@ -109,14 +110,17 @@ class _ListWatch:
         failures = 0
         while not self._stop.is_set():
             try:
-                listed = self._list(self._namespace, _request_timeout=30, **self._kwargs())
-                objects = {o.metadata.name: o for o in listed.items if self._accept(o)}
+                # Objects stay JSON (dicts): the client's models refuse some valid objects (an
+                # EndpointSlice with no endpoints, as a Service with no pod has).
+                response = self._list(self._namespace, _request_timeout=30, _preload_content=False, **self._kwargs())
+                listed = json.loads(response.data)
+                objects = {_name(o): o for o in listed.get("items") or [] if self._accept(o)}
                 self._changed(dict(objects))
                 self.synced.set()
                 failures = 0
-                version = listed.metadata.resource_version
+                version = listed["metadata"]["resourceVersion"]
                 while not self._stop.is_set():
-                    stream = watch.Watch()
+                    stream = watch.Watch(return_type="object")
                     for event in stream.stream(
                         self._list, self._namespace, resource_version=version,
                         timeout_seconds=_WATCH_SECONDS, _request_timeout=_WATCH_SECONDS + 30, **self._kwargs(),
@@ -125,12 +129,12 @@ class _ListWatch:
                         if self._stop.is_set():
                             stream.stop()
                             break
-                        if not hasattr(obj, "metadata") or not self._accept(obj):
+                        if not isinstance(obj, dict) or not _name(obj) or not self._accept(obj):
                             continue
                         if event["type"] == "DELETED":
-                            objects.pop(obj.metadata.name, None)
+                            objects.pop(_name(obj), None)
                         else:
-                            objects[obj.metadata.name] = obj
+                            objects[_name(obj)] = obj
                         self._changed(dict(objects))
                     version = stream.resource_version or version
             except ApiException as exc:
@@ -143,6 +147,10 @@ class _ListWatch:
                 failures += 1
                 log.warning("watching %s failed (%s); retrying", self.what, exc)
             self._stop.wait(_BACKOFF_SECONDS[min(failures, len(_BACKOFF_SECONDS)) - 1] if failures else 0)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
 
 
 def _settle(future: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:
@@ -173,16 +181,16 @@ def configmap_files(configmaps: Mapping[str, Any]) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     total = 0
     for cm in configmaps.values():
-        for name, data in (cm.binary_data or {}).items():
+        for name, data in (cm.get("binaryData") or {}).items():
             if not isinstance(data, str | bytes):
-                raise PayloadError(f"ConfigMap {cm.metadata.name}: binaryData {name!r} is not base64 text")
+                raise PayloadError(f"ConfigMap {_name(cm)}: binaryData {name!r} is not base64 text")
             total += len(data) * 3 // 4
             if total > MAX_PAYLOAD_BYTES:
                 raise PayloadError(f"binaryData of more than {MAX_PAYLOAD_BYTES:,} bytes")
             try:
                 files[name] = base64.b64decode(data, validate=True)
             except (binascii.Error, ValueError) as exc:
-                raise PayloadError(f"ConfigMap {cm.metadata.name}: binaryData {name!r} is not base64 ({exc})") from None
+                raise PayloadError(f"ConfigMap {_name(cm)}: binaryData {name!r} is not base64 ({exc})") from None
     return files
 
 
@@ -220,7 +228,7 @@ class ConfigMapPlanWatch:
             f"ConfigMaps {namespace}/{pool}-plan*",
             core.list_namespaced_config_map,
             namespace,
-            lambda cm: bool(pattern.match(cm.metadata.name)),
+            lambda cm: bool(pattern.match(_name(cm))),
             changed,
         )
 
@@ -235,21 +243,21 @@ def slice_endpoints(slices: Mapping[str, Any], target_port: int | None) -> dict[
     """Addresses (`ip:port`) of the slices' endpoints with their pod and readiness."""
     found: dict[str, SliceEndpoint] = {}
     for item in slices.values():
-        ports = item.ports or []
+        ports = item.get("ports") or []
         if target_port is not None:
             port = target_port
-        elif ports and ports[0].port:
-            port = ports[0].port
+        elif ports and ports[0].get("port"):
+            port = int(ports[0]["port"])
         else:
             continue
-        for ep in item.endpoints or []:
-            conditions = ep.conditions
+        for ep in item.get("endpoints") or []:
+            conditions = ep.get("conditions") or {}
             # An absent `ready` means ready (EndpointSlice API semantics).
-            ready = conditions is None or conditions.ready is None or bool(conditions.ready)
-            if conditions is not None and conditions.terminating:
+            ready = conditions.get("ready") is None or bool(conditions["ready"])
+            if conditions.get("terminating"):
                 ready = False
-            pod = ep.target_ref.name if ep.target_ref is not None else ""
-            for ip in ep.addresses or []:
+            pod = str((ep.get("targetRef") or {}).get("name") or "")
+            for ip in ep.get("addresses") or []:
                 try:
                     address = parse_address(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
                 except SettingsError:

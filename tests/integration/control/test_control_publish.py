@@ -52,16 +52,17 @@ class Observer:
 
     def run(self) -> None:
         listed = self.core.list_namespaced_config_map(self.namespace)
-        w = watch.Watch()
+        w = watch.Watch(return_type="object")  # JSON objects, as the router's watch holds them
         self.ready.set()
         for event in w.stream(self.core.list_namespaced_config_map, self.namespace,
                               resource_version=listed.metadata.resource_version, timeout_seconds=60):
             cm = event["object"]
-            name = cm.metadata.name
+            name = cm["metadata"]["name"]
             if not name.startswith("llama-plan"):
                 continue
             self.objects[name] = cm
-            self.events.append((name, (cm.metadata.annotations or {}).get(VERSION_ANNOTATION), bool(cm.binary_data)))
+            annotations = cm["metadata"].get("annotations") or {}
+            self.events.append((name, annotations.get(VERSION_ANNOTATION), bool(cm.get("binaryData"))))
             try:
                 self.decoded.append(decode_plan(configmap_files(self.objects)).generated_at)
             except PlanError:

@@ -121,3 +121,14 @@ def test_destinations_without_addresses_resolve_through_endpoint_slices(
     for _ in range(5):
         assert destination(exchange(router, headers_request("alice")))[0] in {pods["pool-0"], pods["pool-2"]}
     assert router.sample("cacheroute_router_decisions_total", outcome="spilled") == 5
+
+    # The pool scaled to zero: the slices stay with no endpoints. The router learns that (it is a
+    # pool with no destination, not a failed watch) and answers "no endpoint" rather than
+    # routing to the pods that were there.
+    for pod, address in pods.items():
+        empty = {**endpoint_slice(pod, "pool", address, pod, ready=True), "endpoints": []}
+        discovery.replace_namespaced_endpoint_slice(pod, namespace, empty, _preload_content=False)  # no model for it
+    await_condition(lambda: not router.sample("cacheroute_router_endpoint_ready"), "no endpoint left")
+    reply = exchange(router, headers_request("alice"))
+    assert reply.WhichOneof("response") == "immediate_response"
+    assert reply.immediate_response.status.code == 503

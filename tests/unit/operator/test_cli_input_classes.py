@@ -306,15 +306,9 @@ def test_crds_and_replay_outputs_replace_files_whole(tmp_path: Path) -> None:
 # --- the router's ConfigMap payloads -------------------------------------------------------------
 
 
-class _Meta:
-    name = "pool-plan"
-
-
-class _ConfigMap:
-    metadata = _Meta()
-
-    def __init__(self, binary_data: Mapping[str, object]) -> None:
-        self.binary_data = binary_data
+def _ConfigMap(binary_data: Mapping[str, object]) -> dict[str, object]:  # noqa: N802 (reads as the kind)
+    """A ConfigMap as the router's watch holds it: its JSON."""
+    return {"metadata": {"name": "pool-plan"}, "binaryData": dict(binary_data)}
 
 
 def test_configmaps_with_bad_base64_are_a_payload_error_not_a_crash() -> None:
