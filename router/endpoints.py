@@ -124,13 +124,18 @@ class EndpointPool:
         return {s.pod: s.address for s in self._slices.values()} if self._slices is not None else {}
 
     def _plan_address(self, destination: Destination, pods: Mapping[str, str]) -> str:
-        """Where a plan destination is now. Where the plan names the slices' pods (the operator's
-        `<pool>-<i>`), the slices say: a pod back on a new address is found there, and the address
-        the plan recorded may belong to another pod by now (or to none). Otherwise the plan's
-        address, else the slice address of a pod of that name."""
-        if self._plan_names_pods:
-            return pods.get(destination.id, "")
-        return destination.address or pods.get(destination.id, "")
+        """Where a plan destination is now. Slices not watched: the plan's address. Watched, they
+        say: a pod of the destination's name (the operator's `<pool>-<i>`) is found there, back on
+        a new address or not; where the plan names the slices' pods, the address it recorded may
+        belong to another pod by now, or to none. An address the slices do not list is no
+        endpoint (it could not be ready; it would only be scraped)."""
+        if self._slices is None:
+            return destination.address
+        if destination.id in pods:
+            return pods[destination.id]
+        if self._plan_names_pods or destination.address not in self._slices:
+            return ""
+        return destination.address
 
     def _rebuild(self) -> None:
         wanted: dict[str, str] = {}

@@ -235,6 +235,9 @@ def test_pods_back_on_new_addresses_are_found_by_name_not_by_the_plans_old_addre
     assert (alice.outcome, alice.endpoints[0].address) == (PLANNED, moved)
     # bob's destination has no pod now: not sent to the pod that took its old address as if planned.
     assert picker.pick(key("bob")).outcome != PLANNED
+    # Scaled to zero, the slices list nothing: the plan's old addresses are not endpoints either.
+    pool.set_slices({})
+    assert pool.by_address == {}
 
 
 def test_an_unplanned_key_keeps_to_its_two_ring_candidates_on_every_replica() -> None:
