@@ -77,6 +77,9 @@ class EndpointPool:
         self._static: tuple[str, ...] = ()
         self._plan: tuple[Destination, ...] = ()
         self._slices: dict[str, SliceEndpoint] | None = None
+        # Pod name -> slice address, and whether the plan's destination ids are such pods: both
+        # follow the slices and the plan, set by every rebuild.
+        self._pod_addresses: dict[str, str] = {}
         self._plan_names_pods = False
         self.by_address: dict[str, Endpoint] = {}
         self.ready: tuple[Endpoint, ...] = ()
@@ -116,14 +119,10 @@ class EndpointPool:
 
     def resolve(self, destination: Destination) -> Endpoint | None:
         """The endpoint of a plan destination (None when it has none now)."""
-        address = self._plan_address(destination, self._pods())
+        address = self._plan_address(destination)
         return self.by_address.get(address) if address else None
 
-    def _pods(self) -> dict[str, str]:
-        """Pod name -> address, from the watched slices."""
-        return {s.pod: s.address for s in self._slices.values()} if self._slices is not None else {}
-
-    def _plan_address(self, destination: Destination, pods: Mapping[str, str]) -> str:
+    def _plan_address(self, destination: Destination) -> str:
         """Where a plan destination is now. Slices not watched: the plan's address. Watched, they
         say: a pod of the destination's name (the operator's `<pool>-<i>`) is found there, back on
         a new address or not; where the plan names the slices' pods, the address it recorded may
@@ -131,8 +130,8 @@ class EndpointPool:
         endpoint (it could not be ready; it would only be scraped)."""
         if self._slices is None:
             return destination.address
-        if destination.id in pods:
-            return pods[destination.id]
+        if destination.id in self._pod_addresses:
+            return self._pod_addresses[destination.id]
         if self._plan_names_pods or destination.address not in self._slices:
             return ""
         return destination.address
@@ -141,10 +140,11 @@ class EndpointPool:
         wanted: dict[str, str] = {}
         for address in self._static:
             wanted.setdefault(address, "")
-        pods = self._pods()
-        self._plan_names_pods = any(d.id in pods for d in self._plan)
+        slices = self._slices.values() if self._slices is not None else ()
+        self._pod_addresses = {s.pod: s.address for s in slices}
+        self._plan_names_pods = any(d.id in self._pod_addresses for d in self._plan)
         for dest in self._plan:
-            address = self._plan_address(dest, pods)
+            address = self._plan_address(dest)
             if address:
                 wanted[address] = dest.id
         if self._slices is not None:

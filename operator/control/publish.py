@@ -42,8 +42,8 @@ class CurrentPlan:
 
 def read_writer(api: ControlApi, namespace: str, pool: str) -> str | None:
     """The AffinityPlan that last published the pool's plan, as the header ConfigMap says now."""
-    head = api.read_configmap_files(namespace, configmap_name(pool, 0))
-    return None if head is None else head[1].get(WRITER_ANNOTATION)
+    annotations = api.configmap_annotations(namespace, configmap_name(pool, 0))
+    return None if annotations is None else annotations.get(WRITER_ANNOTATION)
 
 
 def release_writer(api: ControlApi, namespace: str, pool: str, writer: str) -> bool:
