@@ -94,3 +94,23 @@ class RequestTrace:
             name=self.name,
             key_hashes=self.key_hashes,
         )
+
+    def select(self, mask: npt.NDArray[np.bool_]) -> RequestTrace:
+        """The requests where `mask` is True, in their order, with their blocks."""
+        if len(mask) != len(self):
+            raise ValueError(f"mask has {len(mask)} entries, the trace {len(self)} requests")
+        per_request = np.diff(self.block_offsets)
+        offs = np.zeros(int(np.count_nonzero(mask)) + 1, dtype=np.int64)
+        np.cumsum(per_request[mask], out=offs[1:])
+        return RequestTrace(
+            arrival_s=self.arrival_s[mask],
+            key=self.key[mask],
+            input_tokens=self.input_tokens[mask],
+            output_tokens=self.output_tokens[mask],
+            block_offsets=offs,
+            block_ids=self.block_ids[np.repeat(mask, per_request)],
+            block_size=self.block_size,
+            key_names=self.key_names,
+            name=self.name,
+            key_hashes=self.key_hashes,
+        )

@@ -11,7 +11,7 @@ from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Plan
 from cacheroute.planner.plan_format import PlanPayload
 from cacheroute.planner.planning import PlanResult
-from cacheroute.planner.replay.guard import GuardVerdict
+from cacheroute.planner.replay.guard import GuardVerdict, left_out_text
 
 Outcome = Literal["applied", "unchanged", "shadow", "rejected", "kept", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("applied", "unchanged", "shadow", "rejected", "kept", "failed")
@@ -69,10 +69,11 @@ def verdict_text(verdict: GuardVerdict | None) -> str:
     if verdict is None:
         return "guard off"
     c, p = verdict.candidate, verdict.baseline
-    return (
+    text = (
         f"guard {'passed' if verdict.passed else 'rejected'}: predicted KV hit {pct(c.kv_hit)} "
         f"(without a plan {pct(p.kv_hit)}), p99 TTFT {c.ttft_p99_s:.2f}s (without a plan {p.ttft_p99_s:.2f}s)"
     )
+    return f"{text}; {left_out_text(verdict.left_out)}" if verdict.left_out else text
 
 
 def seconds_text(seconds: dict[str, float]) -> str:

@@ -43,8 +43,8 @@ from cacheroute.planner.plan import Plan
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, EngineProfile
 from cacheroute.planner.replay.metrics import ReplayMetrics, summarize
 from cacheroute.planner.replay.planned import CACHEROUTE_ROUTING, Planned, RoutingSettings
-from cacheroute.planner.replay.run import ReplayConfig, replay_trace
-from cacheroute.planner.replay.window import window_from_stats
+from cacheroute.planner.replay.run import ReplayConfig, fitting, replay_trace
+from cacheroute.planner.replay.window import fitting_window
 from cacheroute.planner.trace import RequestTrace
 
 
@@ -102,6 +102,8 @@ class GuardVerdict:
     # The plan in effect is no worse than no plan (True when there is none); what it falls short by.
     current_holds: bool = True
     current_reason: str = ""
+    # Requests of the window no destination could hold (a server refuses them), not replayed.
+    left_out: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -110,6 +112,7 @@ class GuardVerdict:
             "better_than_current": self.better_than_current,
             "current_holds": self.current_holds,
             "current_reason": self.current_reason,
+            "left_out": self.left_out,
             "candidate": self.candidate.to_dict(),
             "baseline": self.baseline.to_dict(),
             "current": self.current.to_dict() if self.current is not None else None,
@@ -129,11 +132,17 @@ def guard(
     """Predict the candidate plan's KV hit and p99 TTFT on `window` and judge it (module docs).
 
     The replay has one destination per destination of the candidate plan, with `profile`'s
-    timing and KV capacity; the plans are routed as the router routes (`routing`).
+    timing and KV capacity; the plans are routed as the router routes (`routing`). Requests
+    longer than one destination's KV capacity are left out and counted (`GuardVerdict.left_out`):
+    a server refuses them, so they would be served by no plan.
     """
     s = settings or GuardSettings()
     if len(window) == 0:
         raise ValueError("guard window holds no request")
+    window, left_out = fitting(window, profile.kv_capacity_tokens)
+    if len(window) == 0:
+        raise ValueError(f"every one of the guard window's {left_out:,} request(s) needs more KV than one "
+                         f"destination holds ({profile.kv_capacity_tokens:,} tokens): a server refuses them")
     ids = tuple(d.id for d in candidate.destinations)
     if not ids:
         raise ValueError("candidate plan has no destinations")
@@ -142,7 +151,18 @@ def guard(
     cand = summarize(replay_trace(window, Planned(candidate, routing=routing), cfg))
     base = summarize(replay_trace(window, Planned(None, routing=routing), cfg))
     cur = summarize(replay_trace(window, Planned(current, routing=routing), cfg)) if current is not None else None
-    return judge(cand, base, cur, s)
+    return with_left_out(judge(cand, base, cur, s), left_out)
+
+
+def with_left_out(verdict: GuardVerdict, left_out: int) -> GuardVerdict:
+    """`verdict` (of a window with none) counting `left_out` requests too long to hold, its reason saying so."""
+    if not left_out:
+        return verdict
+    return replace(verdict, left_out=left_out, reason=f"{verdict.reason}; {left_out_text(left_out)}")
+
+
+def left_out_text(left_out: int) -> str:
+    return f"left out {left_out:,} request(s) longer than one destination's KV cache holds (a server refuses them)"
 
 
 def judge(cand: ReplayMetrics, base: ReplayMetrics, cur: ReplayMetrics | None, s: GuardSettings) -> GuardVerdict:
@@ -212,8 +232,10 @@ def guard_from_stats(
     duration = replay_duration(stats, duration_s, s)
 
     def verdict(draw: int) -> GuardVerdict:
-        window = window_from_stats(stats, duration_s=duration, seed=seed + draw)
-        return guard(window, candidate, current, profile=profile, settings=s, seed=seed + draw, routing=routing)
+        drawn = fitting_window(stats, duration_s=duration, kv_capacity_tokens=profile.kv_capacity_tokens,
+                               seed=seed + draw)
+        v = guard(drawn.trace, candidate, current, profile=profile, settings=s, seed=seed + draw, routing=routing)
+        return with_left_out(v, drawn.left_out)
 
     first = verdict(0)
     if s.close_replays < 2 or first.candidate.measured > s.close_max_measured or not close_to_a_limit(first, s):
@@ -222,7 +244,8 @@ def guard_from_stats(
     cur = [v.current for v in verdicts if v.current is not None]
     median = judge(median_metrics([v.candidate for v in verdicts]), median_metrics([v.baseline for v in verdicts]),
                    median_metrics(cur) if cur else None, s)
-    return replace(median, reason=f"{median.reason} (median of {len(verdicts)} replays: the first was close)")
+    median = replace(median, reason=f"{median.reason} (median of {len(verdicts)} replays: the first was close)")
+    return with_left_out(median, first.left_out)
 
 
 def replay_duration(stats: KeyStats, duration_s: float, s: GuardSettings) -> float:

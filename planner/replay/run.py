@@ -100,10 +100,22 @@ class ReplayResult:
         return self.start_s - self.arrival_s
 
 
+def kv_need(trace: RequestTrace) -> npt.NDArray[np.int64]:
+    """The KV tokens each request holds at its end: its prompt's blocks and its output."""
+    need: npt.NDArray[np.int64] = np.diff(trace.block_offsets) * trace.block_size + np.maximum(trace.output_tokens, 1)
+    return need
+
+
+def fitting(trace: RequestTrace, capacity: int) -> tuple[RequestTrace, int]:
+    """`trace` less the requests no destination's KV cache can hold at all, and how many those are."""
+    fits = kv_need(trace) <= capacity
+    left_out = len(trace) - int(np.count_nonzero(fits))
+    return (trace.select(fits) if left_out else trace), left_out
+
+
 def check_fits(trace: RequestTrace, capacity: int) -> None:
     """Refuse a trace with a request no destination's KV cache can hold at all."""
-    out = np.maximum(trace.output_tokens, 1)
-    need = np.diff(trace.block_offsets) * trace.block_size + out
+    need = kv_need(trace)
     worst = int(np.argmax(need)) if len(need) else 0
     if len(need) and int(need[worst]) > capacity:
         too_long = int(np.count_nonzero(need > capacity))

@@ -3,12 +3,15 @@ itself become worse than no plan, when it is withdrawn."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.support.control import (
     GROUP,
     VERSION,
     ControlEnv,
+    KeyLoad,
     condition,
     create_plan,
     events,
@@ -182,3 +185,24 @@ def test_a_candidate_too_thin_to_replay_waits_for_traffic_without_a_warning(env:
     obj = wait_for_period_after(kube_api, namespace, "llama", obj["status"]["lastPeriodTime"])
     assert condition(obj, "Applied")["reason"] == "NoTraffic"
     assert len(events(kube_api, namespace, "NoTraffic")) == 1
+
+
+def test_requests_too_long_for_any_destination_are_left_out_of_the_replay_not_its_verdict(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    # Prompts of two million tokens, eight times what one destination's KV holds (255,632 tokens
+    # here): a server refuses them, and they once kept the guard from judging the whole window.
+    good = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    traffic = replace(good, keys=(*good.keys, KeyLoad("giant", 0.5, 2_000_000, 1_800_000)))
+    env.fleet("llama").set_traffic(traffic)
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool("llama")
+    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s", metricsWindow=f"{WINDOW}s"))
+    judged = ("PlanApplied", "GuardRejected")
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") in judged,
+             timeout=90, what="a judged candidate")
+    obj = get_plan(kube_api, namespace, "llama")
+    message = condition(obj, "Applied")["message"]
+    assert "request(s) longer than one destination's KV cache holds (a server refuses them)" in message, message
+    assert not events(kube_api, namespace, "NoTraffic")
+    assert obj["status"]["predictedKvHit"] is not None

@@ -6,8 +6,10 @@ from datetime import UTC, datetime
 
 from cacheroute.operator.control import conditions as cond
 from cacheroute.operator.control.conditions import Finding
-from cacheroute.operator.control.period import PeriodResult
+from cacheroute.operator.control.period import PeriodResult, verdict_text
 from cacheroute.operator.control.report import events_to_post, new_status
+from cacheroute.planner.replay.guard import GuardVerdict
+from cacheroute.planner.replay.metrics import ReplayMetrics
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 T1 = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
@@ -121,3 +123,19 @@ def test_a_failure_that_is_also_metrics_turning_is_told_once() -> None:
     gone.tell("Warning", cond.POOL_NOT_FOUND, "no pool")
     (event,) = events_to_post(old, gone)
     assert (event.kind, event.reason, event.message) == ("Warning", cond.POOL_NOT_FOUND, "no pool")
+
+
+def _verdict(left_out: int) -> GuardVerdict:
+    m = ReplayMetrics(policy="x", requests=100, measured=50, qps=1.0, kv_hit=0.62, ttft_p50_s=0.1, ttft_p99_s=1.25,
+                      ttft_mean_s=0.2, e2e_p50_s=1.0, e2e_p99_s=2.0, queue_p99_s=0.5, load_cv_busy=0.1,
+                      load_cv_tokens=0.1, aborted=False)
+    return GuardVerdict(passed=True, reason="", candidate=m, baseline=m, current=None, better_than_current=True,
+                        left_out=left_out)
+
+
+def test_an_applied_plan_says_how_many_requests_too_long_to_hold_its_replay_left_out() -> None:
+    told = verdict_text(_verdict(1234))
+    assert told.startswith("guard passed: predicted KV hit 62.0%")
+    assert told.endswith("; left out 1,234 request(s) longer than one destination's KV cache holds "
+                         "(a server refuses them)")
+    assert "left out" not in verdict_text(_verdict(0))
