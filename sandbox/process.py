@@ -183,9 +183,7 @@ def pid_runs(pid: int, program: str) -> bool:
 
 def stop_pid(pid: int, program: str, *, timeout: float = 10.0, popen: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM, then SIGKILL after `timeout`; a pid that no longer runs `program` is left alone."""
-    if not pid_runs(pid, program):
-        if popen is not None:
-            popen.poll()
+    if not _running(pid, program, popen):
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -205,7 +203,7 @@ class Stoppable:
 
 def stop_all(targets: Sequence[Stoppable], *, timeout: float = 10.0) -> None:
     """Stop several processes at once: SIGTERM to all, then SIGKILL to whatever outlives `timeout`."""
-    running = [t for t in targets if pid_runs(t.pid, t.program)]
+    running = [t for t in targets if _running(t.pid, t.program, t.popen)]
     for target in running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(target.pid, signal.SIGTERM)
@@ -218,6 +216,15 @@ def stop_all(targets: Sequence[Stoppable], *, timeout: float = 10.0) -> None:
     for target in targets:
         if target.popen is not None:
             target.popen.poll()  # reap
+
+
+def _running(pid: int, program: str, popen: subprocess.Popen[bytes] | None) -> bool:
+    """Whether the process is still to stop. A child of ours (`popen`) is, until it is reaped,
+    whatever it exec'd since (`cacheroute router envoy` becomes Envoy): its pid cannot be reused
+    before then. Another pid must still run `program`."""
+    if popen is not None:
+        return popen.poll() is None
+    return pid_runs(pid, program)
 
 
 def _wait_gone(pid: int, program: str, timeout: float, popen: subprocess.Popen[bytes] | None) -> bool:
