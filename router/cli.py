@@ -80,6 +80,15 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     metrics_host: Annotated[
         str, typer.Option(envvar=_env("METRICS_HOST"), help="Address /metrics binds (0.0.0.0: every interface).")
     ] = "0.0.0.0",
+    envoy_admin_socket: Annotated[
+        Path | None,
+        typer.Option(
+            dir_okay=False,
+            envvar=_env("ENVOY_ADMIN_SOCKET"),
+            help="The pod's Envoy's admin socket (router envoy --admin-socket): /metrics serves its statistics too "
+            "(envoy_*, and cacheroute_router_envoy_up).",
+        ),
+    ] = None,
     plan_dir: Annotated[
         Path | None,
         typer.Option(
@@ -291,6 +300,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             grpc_port=grpc_port,
             metrics_host=metrics_host,
             metrics_port=metrics_port,
+            envoy_admin_socket=envoy_admin_socket,
             plan_dir=plan_dir,
             namespace=namespace,
             pool=pool,

@@ -17,7 +17,6 @@ through. A hook that cannot reach Envoy (it is not running) returns at once: not
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ from typing import Annotated
 import httpx
 import typer
 
-# The client listener's HTTP connection manager (`envoy.py`, stat_prefix "ingress").
-ACTIVE_STAT = "http.ingress.downstream_rq_active"
-_STAT_LINE = re.compile(rf"^{re.escape(ACTIVE_STAT)}: (\d+)$", re.MULTILINE)
+from cacheroute.router.envoyadmin import EnvoyAdmin
+
 POLL_S = 0.2
 
 
@@ -38,27 +36,6 @@ class DrainOutcome:
     drained: bool  # no request left in flight (or no Envoy to drain)
     waited_s: float
     in_flight: int  # at the last look
-
-
-class EnvoyAdmin:
-    """Envoy's admin API on a Unix socket."""
-
-    def __init__(self, socket: Path, timeout_s: float = 2.0) -> None:
-        self._client = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://envoy", timeout=timeout_s
-        )
-
-    def close(self) -> None:
-        self._client.close()
-
-    def drain_listeners(self) -> None:
-        self._client.post("/drain_listeners", params={"graceful": ""}).raise_for_status()
-
-    def in_flight(self) -> int:
-        reply = self._client.get("/stats", params={"filter": f"^{re.escape(ACTIVE_STAT)}$"})
-        reply.raise_for_status()
-        found = _STAT_LINE.search(reply.text)
-        return int(found.group(1)) if found else 0
 
 
 def drain(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 from wsgiref.simple_server import WSGIServer
 
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_htt
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from cacheroute.router.envoystats import EnvoyStats
 from cacheroute.router.picker import OUTCOMES
 from cacheroute.router.sketch import HeavyKeys
 
@@ -201,7 +203,8 @@ class _LoopCounters(Collector):
 
 
 class RouterMetrics:
-    def __init__(self, pool: EndpointPool, *, sketch_size: int, export_key_names: bool) -> None:
+    def __init__(self, pool: EndpointPool, *, sketch_size: int, export_key_names: bool,
+                 envoy_admin_socket: Path | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.sketch = HeavyKeys(sketch_size, keep_names=export_key_names)
         self.unkeyed = _Unkeyed()
@@ -231,6 +234,10 @@ class RouterMetrics:
         r.register(self.loop)
         r.register(_KeyCollector(self.sketch, self.unkeyed))
         r.register(_EndpointCollector(pool))
+        # The pod's Envoy, read at each scrape (`envoystats.py`).
+        self.envoy = EnvoyStats(envoy_admin_socket) if envoy_admin_socket is not None else None
+        if self.envoy is not None:
+            r.register(self.envoy)
 
     def record_request(self, key: Key | None, prompt_tokens: int, prefix_tokens: int) -> None:
         if key is None:

@@ -77,7 +77,8 @@ class Router:
             endpoint_kv_tokens=settings.endpoint_kv_tokens,
         )
         self.metrics = RouterMetrics(
-            self.pool, sketch_size=settings.sketch_size, export_key_names=settings.export_key_names
+            self.pool, sketch_size=settings.sketch_size, export_key_names=settings.export_key_names,
+            envoy_admin_socket=settings.envoy_admin_socket,
         )
         self.core = RouterCore(
             self.picker,
@@ -232,6 +233,8 @@ class Router:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+        if self.metrics.envoy is not None:
+            self.metrics.envoy.close()
 
     async def serve_forever(self) -> None:
         try:

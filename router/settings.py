@@ -93,6 +93,8 @@ class RouterSettings:
     grpc_port: int = DEFAULT_GRPC_PORT
     metrics_host: str = "0.0.0.0"
     metrics_port: int = DEFAULT_METRICS_PORT
+    # The pod's Envoy's admin socket: its statistics are served with the router's (`envoystats.py`).
+    envoy_admin_socket: Path | None = None
     # Plan sources: a mounted ConfigMap directory, or the ConfigMaps read through the API.
     plan_dir: Path | None = None
     namespace: str | None = None

@@ -18,7 +18,8 @@ from cacheroute.operator.rbac import ROUTER_RULES
 from cacheroute.planner.memory import MemoryPlan
 
 PLAN_MOUNT = "/etc/cacheroute/plan"
-# An emptyDir both containers mount: Envoy's admin socket, which both preStop hooks reach.
+# An emptyDir both containers mount: Envoy's admin socket, which both preStop hooks and the
+# picker's /metrics reach.
 RUN_MOUNT = "/run/cacheroute"
 ADMIN_SOCKET = f"{RUN_MOUNT}/envoy-admin.sock"
 POD_IP = "$(POD_IP)"
@@ -94,6 +95,8 @@ def picker_args(
         "--grpc-port", str(names.ROUTER_GRPC_PORT),
         "--metrics-host", POD_IP,
         "--metrics-port", str(names.ROUTER_METRICS_PORT),
+        # Envoy's statistics (its 413s and 503s) served with the picker's: one scrape sees both.
+        "--envoy-admin-socket", ADMIN_SOCKET,
         "--plan-dir", PLAN_MOUNT,
         "--namespace", pool.namespace,
         "--service", pool.headless_service,
