@@ -9,7 +9,7 @@ daemon has stopped). The loop itself is `cacheroute.operator.control.loop`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import kopf
 
@@ -18,6 +18,7 @@ from cacheroute.operator.api.common import GROUP, VERSION
 from cacheroute.operator.control.kube import PLAN_PLURAL, ControlApi, default_api_client
 from cacheroute.operator.control.loop import PlanLoop
 from cacheroute.operator.control.settings import ControlSettings
+from cacheroute.operator.handlers import events
 
 # The daemon wakes at least this often between periods, to notice spec changes.
 _WAKE_S = 1.0
@@ -47,13 +48,9 @@ def _api() -> ControlApi:
 
 
 def _events(body: kopf.Body) -> Any:
-    def post(kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        # Posted through the API at once, not queued with kopf.event: the loop writes the status
-        # that records a period's Events only once they are posted, so none is lost to a crash.
-        # Messages are cut to 1,000 characters; the condition holds the full text.
-        _api().post_event(body, kind, reason, message[:1000])
-
-    return post
+    # Through the API at once (`events.py`): the loop writes the status that records a period's
+    # Events only once they are posted.
+    return events.poster(_api(), body)
 
 
 # Stopped, a daemon has `_STOP_GRACE_S` to end its period (without publishing) and release its

@@ -23,12 +23,15 @@ from cacheroute.operator.api.common import GROUP, VERSION
 from cacheroute.operator.api.manifests import field_errors
 from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.context import current
+from cacheroute.operator.control.kube import ControlApi
 from cacheroute.operator.fleet import names
 from cacheroute.operator.fleet.reconcile import EventType, PoolMemory, Reconciler
 from cacheroute.operator.fleet.status import FleetFacts, PodFacts, WorkloadFacts, pod_facts, workload_facts
+from cacheroute.operator.handlers import events as handler_events
 
 CTX = current()
 RECONCILER = Reconciler(CTX.cluster, CTX.config)
+EVENTS = ControlApi(CTX.cluster.api)
 POOLS = "inferencepools"
 ENGINE = {names.MANAGED_BY: names.MANAGER, names.COMPONENT: "engine"}
 ROUTER = {names.MANAGED_BY: names.MANAGER, names.COMPONENT: "router"}
@@ -118,7 +121,11 @@ async def _pass(*, body: Any, memo: Any, logger: Any, indexes: Mapping[str, Any]
         previous = plain(body.get("status") or {})
         if full:
             memo["last_full"] = time.monotonic()
+        post = handler_events.poster(EVENTS, body)
+
         def emit(kind: EventType, reason: str, message: str) -> None:
+            # Posted at once, from the worker, before the pass writes the status that records it.
+            post(kind, reason, message)
             events.append((kind, reason, message))
 
         kind = "full" if full else "status"
@@ -150,10 +157,9 @@ async def _pass(*, body: Any, memo: Any, logger: Any, indexes: Mapping[str, Any]
         finally:
             metrics.PASSES.labels(kind, outcome).inc()
             metrics.PASS_SECONDS.labels(kind).observe(time.monotonic() - started)
-            for event_type, reason, message in events:
+            for _, reason, message in events:
                 metrics.EVENTS.labels(reason).inc()
                 logger.info(f"{reason}: {message}", extra={"event_reason": reason, "pool": pool.name})
-                kopf.event(body, type=event_type, reason=reason, message=message[:1024])
 
 
 @kopf.on.resume(GROUP, VERSION, POOLS, backoff=5)
