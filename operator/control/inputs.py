@@ -106,6 +106,13 @@ def pool_destinations(pool: InferencePool, *, ready_only: bool) -> list[Destinat
     return sorted(found, key=lambda d: _ordinal_key(d.id))
 
 
+def max_prompt_tokens(pool: InferencePool) -> int | None:
+    """The longest prompt the pool's engines accept (their `--max-model-len`); None while no
+    memory plan says it."""
+    memory = pool.status.memory_plan if pool.status is not None else None
+    return memory.max_model_len if memory is not None and memory.max_model_len > 0 else None
+
+
 def _ordinal_key(dest_id: str) -> tuple[str, int]:
     stem, _, tail = dest_id.rpartition("-")
     return (stem, int(tail)) if tail.isdigit() else (dest_id, -1)

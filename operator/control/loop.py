@@ -63,9 +63,11 @@ from cacheroute.operator.control.report import SHADOW_PLANNED, events_to_post, i
 from cacheroute.operator.control.settings import ControlSettings
 from cacheroute.operator.fleet.names import MAX_PLAN_SHARDS
 from cacheroute.planner.errors import PlanInputError
+from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Destination, Plan, PlanError, validate_plan
 from cacheroute.planner.plan_format import PlanPayload, configmap_name, encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
+from cacheroute.planner.refused import without_refused
 from cacheroute.planner.replay.guard import GuardVerdict
 
 log = logging.getLogger(__name__)
@@ -472,10 +474,11 @@ class PlanLoop:
         assert result.window is not None
         pins, pin_notes = inputs.pinned_routes(w.spec, ready)
         prepared = inputs.key_stats(result.window, list(pins))
-        result.stats = prepared.stats
+        stats, refused_note = _served_only(prepared.stats, inputs.max_prompt_tokens(w.pool))
+        result.stats = stats
         try:
             plan_result = result.result = await self._timed(
-                result, "plan", compute_plan, prepared.stats, ready,
+                result, "plan", compute_plan, stats, ready,
                 pool=w.pool_name,
                 budget=inputs.budget(w.spec),
                 stability=inputs.stability(w.spec),
@@ -497,6 +500,7 @@ class PlanLoop:
             return None
         candidate = plan_result.plan
         notes = [*pin_notes] + ([] if prepared.output_tokens_known else ["vLLM reported no generated tokens"])
+        notes += [refused_note] if refused_note else []
         message = (
             f"candidate {payload.version}: {len(candidate):,} routes ({len(candidate.pinned_keys):,} pinned), "
             f"keys in the window: {len(prepared.stats):,}, "
@@ -756,6 +760,15 @@ def _rejected(w: _Work, reason: str) -> bool:
     )
     result.tell("Warning", cond.GUARD_REJECTED, message)
     return False
+
+
+def _served_only(stats: KeyStats, max_prompt_tokens: int | None) -> tuple[KeyStats, str]:
+    """`stats` less the traffic the engines refuse for its length (`planner/refused.py`), neither
+    planned nor replayed; and a note saying what was left out (empty when nothing was)."""
+    if max_prompt_tokens is None:
+        return stats, ""
+    served, refused = without_refused(stats, max_prompt_tokens)
+    return served, refused.describe(max_prompt_tokens) if refused else ""
 
 
 def _not_judged(w: _Work, why: str) -> bool:

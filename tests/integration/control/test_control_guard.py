@@ -3,12 +3,15 @@ itself become worse than no plan, when it is withdrawn."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 
+from cacheroute.planner.plan import affinity_key_hash
 from tests.support.control import (
     GROUP,
+    GUARD_THROUGH_TIES,
     VERSION,
     ControlEnv,
     KeyLoad,
@@ -187,22 +190,29 @@ def test_a_candidate_too_thin_to_replay_waits_for_traffic_without_a_warning(env:
     assert len(events(kube_api, namespace, "NoTraffic")) == 1
 
 
-def test_requests_too_long_for_any_destination_are_left_out_of_the_replay_not_its_verdict(env: ControlEnv) -> None:
+def test_keys_longer_than_the_model_are_neither_planned_nor_replayed(env: ControlEnv) -> None:
     kube_api, namespace = env.api, env.namespace
-    # Prompts of two million tokens, eight times what one destination's KV holds (255,632 tokens
-    # here): a server refuses them, and they once kept the guard from judging the whole window.
+    # Prompts a server refuses (the model's length is 131,072 tokens here): 200,000 tokens, which one
+    # destination's KV (255,632 tokens) would hold, and two million, which it would not. Replayed as
+    # if served, the first made the guard reject every candidate, the second kept it from judging
+    # any, for as long as they stayed in the metrics window.
     good = zipf_traffic(40, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    traffic = replace(good, keys=(*good.keys, KeyLoad("giant", 0.5, 2_000_000, 1_800_000)))
+    refused = (KeyLoad("long", 0.5, 200_000, 180_000), KeyLoad("giant", 0.5, 2_000_000, 1_800_000))
+    traffic = replace(good, keys=(*good.keys, *refused))
     env.fleet("llama").set_traffic(traffic)
     env.operator(prometheus_url=env.prometheus_url)
     env.pool("llama")
     wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
-    create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s", metricsWindow=f"{WINDOW}s"))
-    judged = ("PlanApplied", "GuardRejected")
-    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") in judged,
-             timeout=90, what="a judged candidate")
+    create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s", metricsWindow=f"{WINDOW}s",
+                                                   guard=GUARD_THROUGH_TIES))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "PlanApplied",
+             timeout=90, what="the candidate judged and applied")
     obj = get_plan(kube_api, namespace, "llama")
-    message = condition(obj, "Applied")["message"]
-    assert "request(s) longer than one destination's KV cache holds (a server refuses them)" in message, message
+    planned = condition(obj, "Planned")["message"]
+    told = (r"left out 2 key\(s\) \([0-9.]+ request\(s\)/s\) whose prompts, 2,000,000 tokens on average at most, "
+            r"are longer than the model's length \(131,072 tokens\): a server refuses them")
+    assert re.search(told, planned), planned
     assert not events(kube_api, namespace, "NoTraffic")
-    assert obj["status"]["predictedKvHit"] is not None
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None and len(plan) > 0
+    assert not {affinity_key_hash(k.key) for k in refused} & set(plan.routes())
