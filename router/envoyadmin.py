@@ -39,7 +39,7 @@ class EnvoyAdmin:
         return int(found.group(1)) if found else 0
 
     def prometheus_stats(self) -> str:
-        """Envoy's statistics in Prometheus text format, those it has written to only."""
-        reply = self._client.get("/stats/prometheus", params={"usedonly": ""})
+        """All of Envoy's statistics, in the Prometheus text format."""
+        reply = self._client.get("/stats/prometheus")
         reply.raise_for_status()
         return reply.text

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_htt
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from cacheroute.router.envoystats import EnvoyStats
+from cacheroute.router.envoystats import EnvoyStats, serve_with_envoy
 from cacheroute.router.picker import OUTCOMES
 from cacheroute.router.sketch import HeavyKeys
 
@@ -236,8 +236,6 @@ class RouterMetrics:
         r.register(_EndpointCollector(pool))
         # The pod's Envoy, read at each scrape (`envoystats.py`).
         self.envoy = EnvoyStats(envoy_admin_socket) if envoy_admin_socket is not None else None
-        if self.envoy is not None:
-            r.register(self.envoy)
 
     def record_request(self, key: Key | None, prompt_tokens: int, prefix_tokens: int) -> None:
         if key is None:
@@ -247,5 +245,7 @@ class RouterMetrics:
 
     def serve(self, host: str, port: int) -> WSGIServer:
         """Serve /metrics from a daemon thread; the server's address tells the port bound."""
+        if self.envoy is not None:
+            return serve_with_envoy(self.registry, self.envoy, host, port)
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server

@@ -86,6 +86,11 @@ def test_the_pool_runs_and_serves_http_through_its_router_which_finishes_its_str
         assert httpx.get(f"http://{router_pod.status.pod_ip}:8081/ready", timeout=5).status_code == 200
         metrics = httpx.get(f"http://{router_pod.status.pod_ip}:9090/metrics", timeout=5).text
         assert "cacheroute_router_plan_info" in metrics
+        # With its Envoy's statistics, read through the admin socket both containers mount: the
+        # six requests answered on the client listener.
+        assert metric_value(metrics, "cacheroute_router_envoy_up") == 1
+        assert metric_value(metrics, "envoy_http_downstream_rq_xx", envoy_http_conn_manager_prefix="ingress",
+                            envoy_response_code_class="2") == 6
 
         # A router pod deleted mid-stream (a rollout, a drain) finishes the stream before it stops.
         name = router_pod.metadata.name
