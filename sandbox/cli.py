@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -30,7 +31,10 @@ app = typer.Typer(
 )
 app.add_typer(binaries.app, name="binaries")
 
-_NAME = typer.Option("default", "--name", help="Sandbox name; the state lives in ~/.cache/cacheroute/sandbox/NAME.")
+_NAME = typer.Option(
+    "default", "--name", envvar="CACHEROUTE_SANDBOX_NAME",
+    help="Sandbox name; the state lives in ~/.cache/cacheroute/sandbox/NAME.",
+)
 _STATE_DIR = typer.Option(None, "--state-dir", file_okay=False, help="State directory (overrides --name).")
 
 
@@ -38,6 +42,15 @@ def _state_dir(name: str, state_dir: Path | None) -> Path:
     from cacheroute.sandbox.cluster import default_state_dir
 
     return state_dir if state_dir is not None else default_state_dir(name)
+
+
+def _exports(sandbox: Sandbox, name: str, state_dir: Path | None) -> str:
+    """Shell lines pointing kubectl at the sandbox and, when it has a name of its own (not a
+    state directory), the sandbox commands too."""
+    lines = [f"export KUBECONFIG={sandbox.kubeconfig}"]
+    if state_dir is None and name != "default":
+        lines.append(f"export CACHEROUTE_SANDBOX_NAME={shlex.quote(name)}")
+    return "\n".join(lines)
 
 
 def _print_status(sandbox: Sandbox, console: Console) -> None:
@@ -126,8 +139,9 @@ def up(
             soft_wrap=True,
         )
     _print_status(sandbox, console)
-    # On stdout alone, so that `eval "$(cacheroute sandbox up)"` points kubectl and helm at it.
-    typer.echo(f"export KUBECONFIG={sandbox.kubeconfig}")
+    # On stdout alone, so that `eval "$(cacheroute sandbox up)"` points kubectl and helm at it,
+    # and the shell's later `sandbox status` and `down` at this sandbox.
+    typer.echo(_exports(sandbox, name, state_dir))
 
 
 @app.command()
@@ -172,7 +186,7 @@ def status(
         )
         return
     _print_status(sandbox, Console())
-    typer.echo(f"export KUBECONFIG={sandbox.kubeconfig}")
+    typer.echo(_exports(sandbox, name, state_dir))
 
 
 @app.command(

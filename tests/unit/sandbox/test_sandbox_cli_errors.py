@@ -27,3 +27,14 @@ def test_load_refuses_a_run_that_cannot_cover_its_keys_in_one_line() -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: --workload cacheroute-paper: ") and "cannot cover 1500 keys" in lines[0]
+
+
+def test_the_sandbox_a_shell_was_pointed_at_is_the_one_status_and_down_look_for() -> None:
+    # What `eval "$(cacheroute sandbox up --name trial)"` exports; --name given still wins.
+    env = {"COLUMNS": "200", "CACHEROUTE_SANDBOX_NAME": "no-such-trial"}
+    for command in (["status"], ["down"]):
+        result = runner.invoke(app, ["sandbox", *command], env=env)
+        assert result.exit_code == 1
+        assert "/sandbox/no-such-trial" in result.stderr, result.stderr
+    named = runner.invoke(app, ["sandbox", "status", "--name", "other-trial"], env=env)
+    assert "/sandbox/other-trial" in named.stderr, named.stderr
