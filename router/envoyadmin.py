@@ -38,8 +38,8 @@ class EnvoyAdmin:
         found = _STAT_LINE.search(reply.text)
         return int(found.group(1)) if found else 0
 
-    def prometheus_stats(self) -> str:
+    def prometheus_stats(self) -> bytes:
         """All of Envoy's statistics, in the Prometheus text format."""
         reply = self._client.get("/stats/prometheus")
         reply.raise_for_status()
-        return reply.text
+        return reply.content

@@ -51,7 +51,8 @@ class EnvoyStats:
         except httpx.HTTPError:
             # Refused or slow: the picker's own series are still worth serving.
             return f"{_UP_HEAD}{UP_METRIC} 0\n".encode()
-        return f"{_UP_HEAD}{UP_METRIC} 1\n{text}{'' if text.endswith(chr(10)) else chr(10)}".encode()
+        ending = b"" if text.endswith(b"\n") or not text else b"\n"
+        return f"{_UP_HEAD}{UP_METRIC} 1\n".encode() + text + ending
 
     def close(self) -> None:
         self._admin.close()
