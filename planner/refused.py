@@ -5,16 +5,18 @@ traffic must neither be planned (a planned route for a key whose every request i
 warm KV for nothing) nor replayed as if it were served (the guard's replay would let it fill a
 destination's KV cache and queue everything behind it). The statistics hold each key's mean
 prompt, not its requests' sizes, so a key is left out when its mean prompt is longer than the
-model's length; keyless traffic likewise, as a whole.
+model's length; keyless traffic likewise, as a whole. A plan computed without that traffic tells
+its shares of the whole window's (`over_all_traffic`): the refused requests are requests too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
+from cacheroute.planner.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -67,3 +69,26 @@ def without_refused(stats: KeyStats, max_prompt_tokens: int) -> tuple[KeyStats, 
         key_hashes=stats.key_hashes[keep] if stats.key_hashes is not None else None,
     )
     return kept, refused
+
+
+def over_all_traffic(plan: Plan, served: KeyStats, whole: KeyStats) -> Plan:
+    """`plan`, computed from `served` (`whole` less the refused traffic), with its summary's
+    shares of requests and of prompt tokens taken over `whole`."""
+    (served_requests, served_tokens), (all_requests, all_tokens) = _totals(served), _totals(whole)
+    s = plan.summary
+    summary = replace(
+        s,
+        admitted_request_share=s.admitted_request_share * _ratio(served_requests, all_requests),
+        admitted_token_share=s.admitted_token_share * _ratio(served_tokens, all_tokens),
+    )
+    return replace(plan, summary=summary)
+
+
+def _totals(stats: KeyStats) -> tuple[float, float]:
+    """Requests and prompt tokens a second."""
+    u = stats.unkeyed
+    return stats.total_rate, float(np.dot(stats.rate, stats.prompt_tokens)) + u.rate * u.prompt_tokens
+
+
+def _ratio(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 1.0

@@ -25,7 +25,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -67,7 +67,7 @@ from cacheroute.planner.keystats import KeyStats
 from cacheroute.planner.plan import Destination, Plan, PlanError, validate_plan
 from cacheroute.planner.plan_format import PlanPayload, configmap_name, encode_plan
 from cacheroute.planner.planning import PlanResult, compute_plan
-from cacheroute.planner.refused import without_refused
+from cacheroute.planner.refused import over_all_traffic, without_refused
 from cacheroute.planner.replay.guard import GuardVerdict
 
 log = logging.getLogger(__name__)
@@ -492,6 +492,10 @@ class PlanLoop:
         except (PlanInputError, PlanError) as exc:
             _not_planned(result, cond.INVALID_INPUT, str(exc))
             return None
+        if stats is not prepared.stats:
+            # Its shares of the whole window: the refused requests were requests too.
+            plan_result = result.result = replace(
+                plan_result, plan=over_all_traffic(plan_result.plan, stats, prepared.stats))
         result.candidate = plan_result.plan
         try:
             payload = result.payload = await self._timed(result, "plan", encode_checked, plan_result.plan)

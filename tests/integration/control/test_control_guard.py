@@ -213,6 +213,8 @@ def test_keys_longer_than_the_model_are_neither_planned_nor_replayed(env: Contro
             r"are longer than the model's length \(131,072 tokens\): a server refuses them")
     assert re.search(told, planned), planned
     assert not events(kube_api, namespace, "NoTraffic")
+    # Of all the window's requests (6.5 a second, 1 of them refused), not only of those planned for.
+    assert obj["status"]["coveredRequestShare"] < 0.8
     plan = published_plan(kube_api, namespace, "llama")
     assert plan is not None and len(plan) > 0
     assert not {affinity_key_hash(k.key) for k in refused} & set(plan.routes())

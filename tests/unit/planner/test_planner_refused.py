@@ -10,7 +10,7 @@ import pytest
 from cacheroute.planner.keystats import KeyStats, UnkeyedTraffic
 from cacheroute.planner.plan import Destination
 from cacheroute.planner.planning import compute_plan
-from cacheroute.planner.refused import without_refused
+from cacheroute.planner.refused import over_all_traffic, without_refused
 from cacheroute.planner.replay.guard import GuardSettings, guard_from_stats
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE
 
@@ -75,3 +75,18 @@ def test_a_refused_key_gets_no_route_and_no_longer_sinks_the_guard() -> None:
     after = guard_from_stats(kept, plan, duration_s=300.0, profile=profile, settings=settings)
     assert after.passed, after.reason
     assert after.candidate.ttft_p99_s < before.candidate.ttft_p99_s / 5
+
+
+def test_a_plan_without_the_refused_traffic_tells_its_shares_of_all_requests() -> None:
+    stats = _stats(unkeyed_prompt=50_000.0)
+    kept, _ = without_refused(stats, MODEL_LENGTH)
+    ds = [Destination(id=f"d-{i}", kv_capacity_tokens=480_000) for i in range(2)]
+    plan = compute_plan(kept, ds, pool="pool").plan
+    whole = over_all_traffic(plan, kept, stats)
+    # The routed keys' 3.5 requests/s of 4.05 in all, not of the 3.5 the plan was computed from.
+    assert plan.summary.admitted_request_share == pytest.approx(1.0)
+    assert whole.summary.admitted_request_share == pytest.approx(3.5 / 4.05)
+    tokens = 2 * 4000 + 6000 + 0.5 * 3000
+    assert whole.summary.admitted_token_share == pytest.approx(
+        plan.summary.admitted_token_share * tokens / (tokens + 0.05 * 1_500_000 + 0.5 * 50_000))
+    assert whole.routes() == plan.routes() and whole.summary.admitted_keys == plan.summary.admitted_keys
