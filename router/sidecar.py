@@ -121,7 +121,8 @@ def envoy(  # noqa: PLR0917 - one parameter per command-line option
             raise SettingsError(f"request-body-mode {request_body_mode!r} is not one of {', '.join(BODY_MODES)}")
     except SettingsError as exc:
         raise _bad(str(exc)) from None
-    runtime_dir = Path(tempfile.gettempdir())
+    # Beside the admin socket when there is one (the pod's emptyDir: the file goes with the pod).
+    runtime_dir = Path(admin_socket).parent if admin_socket else Path(tempfile.gettempdir())
     options = PodEnvoyOptions(
         pod_ip=ip,
         listen_port=listen_port,

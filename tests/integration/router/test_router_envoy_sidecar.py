@@ -121,6 +121,8 @@ def test_the_pickers_metrics_serve_envoys_statistics_and_say_when_envoy_is_gone(
         wait_until(lambda: serving(pod_ip), timeout=30, what="the picker's readiness", process=picker)
         wait_until(lambda: httpx.get(f"http://{pod_ip}:8081/ready", timeout=2).status_code == 200,
                    timeout=30, what="Envoy's /ready", process=envoy)
+        # Its bootstrap beside the socket, in the pod's emptyDir: it goes with the pod.
+        assert (run_dir / f"cacheroute-envoy-{pod_ip}.yaml").is_file()
         # Every statistic is there from Envoy's start, at 0: the first 413 is counted by `rate`.
         assert ingress_replies(scrape(pod_ip)) == {"1": 0, "2": 0, "3": 0, "4": 0, "5": 0}
         url = f"http://{pod_ip}:8080/v1/completions"
