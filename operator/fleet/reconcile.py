@@ -223,9 +223,16 @@ class Reconciler:
         full: bool,
     ) -> MemoryOutcome:
         """The memory plan, and (when `full` or the spec changed) the StatefulSet and headless Service."""
-        memory = self._memory(pool, spec, generation, mem, emit, full=full)
-        if full or mem.applied_generation != generation:
-            self._apply(desired_objects(pool, spec, memory, self.config).engine, mem, emit)
+        told: list[tuple[EventType, str, str]] = []
+        memory = self._memory(pool, spec, generation, mem, lambda *event: told.append(event), full=full)
+        try:
+            if full or mem.applied_generation != generation:
+                self._apply(desired_objects(pool, spec, memory, self.config).engine, mem, emit)
+        finally:
+            # The memory plan's Events once the engine objects are out: each is an API call, and
+            # the pods wait for none of them; still before any status that records them.
+            for event in told:
+                emit(*event)
         return memory
 
     def rest_stage(
