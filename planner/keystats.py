@@ -165,6 +165,12 @@ class KeyStats:
     def total_rate(self) -> float:
         return float(self.rate.sum()) + self.unkeyed.rate
 
+    @property
+    def total_prompt_token_rate(self) -> float:
+        """Prompt tokens a second, keyed and keyless (an inner product without BLAS, as `load.dot`)."""
+        keyed = float(np.einsum("i,i->", self.rate, self.prompt_tokens, dtype=np.float64))
+        return keyed + self.unkeyed.rate * self.unkeyed.prompt_tokens
+
 
 def _common_prefix_blocks(trace: RequestTrace, req: I64, key_of: I64, n_keys: int) -> I64:
     """Longest common block prefix of each key's requests (`req`, their keys in `key_of`).

@@ -74,20 +74,14 @@ def without_refused(stats: KeyStats, max_prompt_tokens: int) -> tuple[KeyStats, 
 def over_all_traffic(plan: Plan, served: KeyStats, whole: KeyStats) -> Plan:
     """`plan`, computed from `served` (`whole` less the refused traffic), with its summary's
     shares of requests and of prompt tokens taken over `whole`."""
-    (served_requests, served_tokens), (all_requests, all_tokens) = _totals(served), _totals(whole)
     s = plan.summary
     summary = replace(
         s,
-        admitted_request_share=s.admitted_request_share * _ratio(served_requests, all_requests),
-        admitted_token_share=s.admitted_token_share * _ratio(served_tokens, all_tokens),
+        admitted_request_share=s.admitted_request_share * _ratio(served.total_rate, whole.total_rate),
+        admitted_token_share=s.admitted_token_share
+        * _ratio(served.total_prompt_token_rate, whole.total_prompt_token_rate),
     )
     return replace(plan, summary=summary)
-
-
-def _totals(stats: KeyStats) -> tuple[float, float]:
-    """Requests and prompt tokens a second."""
-    u = stats.unkeyed
-    return stats.total_rate, float(np.dot(stats.rate, stats.prompt_tokens)) + u.rate * u.prompt_tokens
 
 
 def _ratio(part: float, whole: float) -> float:

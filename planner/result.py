@@ -171,7 +171,7 @@ def plan_result(
     churn, churn_forced = stable.churn, stable.churn_forced
 
     total_rate = stats.total_rate
-    total_tokens = dot(stats.rate, stats.prompt_tokens) + stats.unkeyed.rate * stats.unkeyed.prompt_tokens
+    total_tokens = stats.total_prompt_token_rate
     req_share = float(stats.rate[routed].sum()) / total_rate if total_rate > 0 else 0.0
     tok_share = dot(stats.rate[routed], stats.prompt_tokens[routed]) / total_tokens if total_tokens > 0 else 0.0
     hit = dot(stats.rate[routed], stats.prefix_tokens[routed]) / total_tokens if total_tokens > 0 else 0.0

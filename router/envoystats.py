@@ -16,7 +16,6 @@ cost the picker's process about 12 ms of interpreter time.
 
 from __future__ import annotations
 
-import socketserver
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,6 +24,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from cacheroute.router.envoyadmin import EnvoyAdmin
 
@@ -58,10 +58,6 @@ class EnvoyStats:
         self._admin.close()
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
 class _Quiet(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not logged."""
@@ -79,6 +75,6 @@ def serve_with_envoy(registry: CollectorRegistry, envoy: EnvoyStats, host: str, 
         start_response("200 OK", [("Content-Type", TEXT_FORMAT), ("Content-Length", str(len(body)))])
         return [body]
 
-    server = make_server(host, port, app, _Server, handler_class=_Quiet)
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
