@@ -138,24 +138,15 @@ def test_scaling_adds_the_next_ordinals_and_removes_the_highest(fleet: Fleet, ku
 
 
 def whole_free_nodes(kube_api: Any) -> tuple[int, int]:
-    """Sandbox nodes whose 8 GPUs are all free, and the next unused node index; counted once the
-    pods of earlier tests that still hold GPUs while they terminate are gone (counted as holding
-    them, they made a node look taken that the next pool then got)."""
+    """Sandbox nodes whose 8 GPUs are all free or being freed, and the next unused node index. The
+    pods of earlier tests that still terminate count as gone: counted as holding their GPUs, they
+    made a node look taken that the next pool then got."""
     core = client.CoreV1Api(kube_api)
-
-    def holding_gpus(pod: Any) -> bool:
-        return bool(pod.spec.node_name) and pod.status.phase not in ("Succeeded", "Failed") and any(
-            int(((c.resources.limits or {}) if c.resources else {}).get(nodes.GPU_RESOURCE, 0))
-            for c in pod.spec.containers
-        )
-
-    until(lambda: not any(holding_gpus(p) and p.metadata.deletion_timestamp
-                          for p in core.list_pod_for_all_namespaces().items),
-          "the terminating pods of earlier tests gone", timeout=120)
     sandbox_nodes = core.list_node(label_selector=f"{nodes.SANDBOX_NODE_LABEL}=true").items
     used: dict[str, int] = {}
     for pod in core.list_pod_for_all_namespaces().items:
-        if pod.spec.node_name and pod.status.phase not in ("Succeeded", "Failed"):
+        leaving = pod.metadata.deletion_timestamp or pod.status.phase in ("Succeeded", "Failed")
+        if pod.spec.node_name and not leaving:
             for c in pod.spec.containers:
                 limits = (c.resources.limits or {}) if c.resources else {}
                 used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + int(limits.get(nodes.GPU_RESOURCE, 0))
