@@ -147,6 +147,7 @@ def _monitor_crd(kind: str, plural: str, endpoints: str, port_fields: Mapping[st
     spec = _object_schema(
         {
             "jobLabel": {"type": "string"},
+            "podTargetLabels": {"type": "array", "items": {"type": "string"}},
             "namespaceSelector": _object_schema(
                 {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}
             ),

@@ -209,6 +209,19 @@ def test_the_operator_runs_hardened_with_peering_and_its_config(helm: Helm) -> N
     assert peering["metadata"]["name"] == "cacheroute"
 
 
+def test_the_pod_monitors_select_the_pools_pods_and_label_series_with_their_pool(helm: Helm) -> None:
+    objects = helm.template("r", "default", {"monitoring.podMonitor.enabled": True})
+    specs = [m["spec"] for m in _of_kind(objects, "PodMonitor")]
+    monitors = {spec["selector"]["matchLabels"][names.COMPONENT]: spec for spec in specs}
+    assert set(monitors) == {"engine", "router"}
+    pool = names.PoolRef("llama", "llm", "uid")
+    for component, spec in monitors.items():
+        pod_labels = names.labels(pool, component)
+        assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+        # Each pod label named here becomes a label of every series scraped from the pod.
+        assert [pod_labels[label] for label in spec["podTargetLabels"]] == ["llama"]
+
+
 def _operator_config(objects: list[dict[str, Any]], directory: Path) -> OperatorConfig:
     """The operator's configuration, read from the rendered ConfigMap as the operator reads its file."""
     [configmap] = _of_kind(objects, "ConfigMap")
