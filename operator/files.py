@@ -40,11 +40,19 @@ def check_output_file(path: Path, option: str) -> None:
 
 
 def check_output_dir(path: Path, option: str) -> None:
-    """Refuse an output folder that is a file, or that sits below one, before any work."""
+    """Refuse an output folder that is a file, that sits below one, or whose nearest existing
+    folder takes no file, before any work (a long run would otherwise lose its results)."""
     for candidate in (path, *path.parents):
         if candidate.exists():
             if not candidate.is_dir():
                 raise OutputPathError(f"{option} {path}: {candidate} is a file, not a folder")
+            try:
+                # A file written and removed at once: the permission bits do not tell (root, read-only
+                # mounts, /proc).
+                with tempfile.TemporaryFile(dir=candidate):
+                    pass
+            except OSError as exc:
+                raise OutputPathError(f"{option} {path}: cannot write in {candidate}: {exc.strerror or exc}") from None
             return
 
 

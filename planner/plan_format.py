@@ -14,8 +14,8 @@ Delta-coding the sorted keys lets gzip drop their high zero bytes. Shards keep e
 under the API server's 1 MiB object limit; the first shard shares the `<pool>-plan` object with
 the header, shard i > 0 goes into `<pool>-plan-<i>`.
 
-The version is a content hash of everything but the generation time, so the same routes give
-the same version whenever they are computed.
+The version is a content hash of everything but the generation time (the summary included), so
+the same plan gives the same version whenever it is computed.
 """
 
 from __future__ import annotations

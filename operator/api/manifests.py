@@ -136,9 +136,35 @@ def parse_resource(obj: dict[str, Any], where: str = "") -> InferencePool | Affi
         raise ManifestError(f"{where}: " + "; ".join(field_errors(exc))) from exc
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping of a YAML document names one key twice."""
+
+    def __init__(self, key: Any, mark: yaml.Mark) -> None:
+        super().__init__(None, None, f"duplicate key {key!r}", mark)
+        self.key, self.line = key, mark.line + 1
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: the API server refuses such
+    an object (strict field validation, kubectl's default), where a plain YAML load keeps the last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base constructor says so
+                continue
+            if duplicate:
+                raise DuplicateKeyError(key, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def documents(text: str, source: str = "<input>") -> Iterator[tuple[str, Any]]:
     """Every non-empty document of a YAML stream, with `source#index` to name it."""
-    for i, doc in enumerate(yaml.safe_load_all(text)):
+    for i, doc in enumerate(yaml.load_all(text, Loader=_UniqueKeyLoader)):
         if doc is not None:
             yield f"{source}#{i}", doc
 

@@ -11,7 +11,7 @@ import yaml
 from rich.console import Console
 
 from cacheroute.operator.api.crdgen import rendered_files, write_crds
-from cacheroute.operator.api.manifests import ManifestError, documents, parse_resource
+from cacheroute.operator.api.manifests import DuplicateKeyError, ManifestError, documents, parse_resource
 from cacheroute.operator.api.reference import crd_reference
 from cacheroute.operator.cli import chart as chart_commands
 from cacheroute.operator.cli import memory as memory_commands
@@ -117,6 +117,10 @@ def validate(
         except UnicodeDecodeError as exc:
             failed += 1
             report(f"unreadable {path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+            continue
+        except DuplicateKeyError as exc:
+            failed += 1
+            report(f"invalid {path}: line {exc.line}: key {exc.key!r} given twice (the API server refuses it)")
             continue
         except yaml.YAMLError as exc:
             failed += 1

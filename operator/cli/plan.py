@@ -20,6 +20,7 @@ from cacheroute.operator.api.manifests import check_name, field_errors
 from cacheroute.operator.api.plan import MAX_DESTINATIONS_PER_KEY, MAX_PINNED, AffinityPlan
 from cacheroute.operator.cli.errors import describe_os_error, fail
 from cacheroute.operator.cli.statsfile import COLUMNS, StatsFileError, read_stats
+from cacheroute.operator.control.plans import same_routing
 from cacheroute.operator.files import OutputPathError, atomic_open, check_output_file, write_atomically
 from cacheroute.planner.errors import PlanInputError
 from cacheroute.planner.keystats import KeyStats, key_stats_from_trace
@@ -120,6 +121,8 @@ def read_destinations(path: Path) -> list[Destination]:
         doc = doc["destinations"]
     if not isinstance(doc, list):
         raise CliInputError(f"{path}: expected a list of destinations (or an object with a destinations list)")
+    if not doc:
+        raise CliInputError(f"{path}: no destinations in it; a plan needs at least one")
     if len(doc) > MAX_DESTINATIONS:
         raise CliInputError(f"{path}: {len(doc):,} destinations, at most {MAX_DESTINATIONS:,}")
     return [_destination(d, f"{path} destinations[{i}]") for i, d in enumerate(doc)]
@@ -237,7 +240,7 @@ def summary_table(result: PlanResult, stats: KeyStats, payload: PlanPayload, con
     head = Table(title=f"plan {payload.version} for pool {plan.pool}", show_header=False)
     head.add_column("", style="bold")
     head.add_column("")
-    head.add_row("routed keys", f"{s.admitted_keys:,} of {len(stats):,} ({int(result.pinned.sum())} pinned)")
+    head.add_row("routed keys", f"{s.admitted_keys:,} of {len(stats):,} ({len(plan.pinned_keys)} pinned)")
     head.add_row("share of requests", f"{100 * s.admitted_request_share:.1f}%")
     head.add_row("share of prompt tokens", f"{100 * s.admitted_token_share:.1f}%")
     head.add_row("predicted KV hit (planned keys)", f"{100 * (s.predicted_kv_hit or 0.0):.1f}%")
@@ -543,8 +546,16 @@ def register(app: typer.Typer) -> None:
                 err.print(f"wrote {out} ({what})", soft_wrap=True)
             else:
                 typer.echo(text, nl=False)
+            if output == "json" and prev is not None and same_routing(prev, result.plan):
+                # The version hashes the summary too: say why a plan that routes alike has a new one.
+                err.print(
+                    "routes every request as --previous does; only its summary differs (and so its version): "
+                    "the operator would not republish it",
+                    soft_wrap=True,
+                )
             if output == "yaml" and len(result.plan) and result.plan.entry_credit < 1.0:
                 err.print(manual_credit_note(result.plan.entry_credit), soft_wrap=True)
         except OSError as exc:
             # The previous file, if any, is intact: the new one was written beside it.
-            raise fail(f"cannot write --out {out}: {exc.strerror or exc}", 1) from None
+            where = f"--out {out}" if out is not None else "to standard output"
+            raise fail(f"cannot write {where}: {exc.strerror or exc}", 1) from None

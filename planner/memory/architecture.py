@@ -201,9 +201,9 @@ MAX_CONFIG_INT = 2**31 - 1
 MAX_LAYERS = 4096
 
 
-def _positive_int(config: Mapping[str, Any], *names: str, required: bool = True, default: int = 0) -> int:
-    value = _field(config, *names, required=required, default=default)
-    if isinstance(value, bool) or not isinstance(value, int) or (value <= 0 and required) or value > MAX_CONFIG_INT:
+def _positive_int(config: Mapping[str, Any], *names: str) -> int:
+    value = _field(config, *names)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value > MAX_CONFIG_INT:
         raise MemoryPlanError(
             f"config.json: field {names[0]!r} must be a positive integer up to {MAX_CONFIG_INT}, got {value!r}"
         )
@@ -340,7 +340,12 @@ def _architecture(config: Mapping[str, Any], name: str | None) -> ModelArchitect
     if num_layers > MAX_LAYERS:
         raise MemoryPlanError(f"config.json: field 'num_hidden_layers' is {num_layers}; at most {MAX_LAYERS} modelled")
     heads = _positive_int(cfg, "num_attention_heads")
-    kv_heads = _positive_int(cfg, "num_key_value_heads", required=False, default=heads) or heads
+    kv_heads = _optional_int(cfg, "num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        # Grouped-query attention shares each KV head among a whole number of query heads.
+        raise MemoryPlanError(
+            f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
     head_dim = _optional_int(cfg, "head_dim")
     if not head_dim:
         if hidden % heads:

@@ -76,7 +76,14 @@ def candidate_mnbts(request: PlanRequest) -> tuple[int, ...]:
         floor = max(floor, request.max_num_seqs)
     chosen = sorted({m for m in request.mnbt_candidates if m >= floor})
     if not chosen:
-        raise MemoryPlanError(f"no mnbt candidate in {list(request.mnbt_candidates)} is at or above the floor {floor}")
+        # vLLM schedules at least one token per running sequence in a step: mnbt >= max_num_seqs.
+        why = (
+            f"--max-num-seqs {request.max_num_seqs}" if floor == request.max_num_seqs else f"the floor {floor}"
+        )
+        raise MemoryPlanError(
+            f"no max-num-batched-tokens candidate in {list(request.mnbt_candidates)} is at or above {why}; "
+            f"give --max-num-batched-tokens at or above it, or a smaller --max-num-seqs"
+        )
     return tuple(chosen)
 
 
@@ -110,8 +117,13 @@ def evaluate_candidate(
     model_len = min(limits.native_len, capacity or single) if limits.auto_len else limits.wanted_len
     reason, missing = "", 0
     if blocks < 1:
-        reason = "no memory left for a single KV block"
-        missing = layout.bytes_for_request(limits.wanted_len) - limits.kv_bytes(over)
+        need = layout.bytes_for_request(limits.wanted_len)
+        # The missing bytes count this request's KV too: say so, or the parts below do not add up.
+        reason = (
+            f"no memory left for a single KV block, and one {limits.wanted_len:,}-token request needs "
+            f"{need / GIB:.2f} GiB of KV"
+        )
+        missing = need - limits.kv_bytes(over)
     elif layout.hybrid and seqs > layout.max_state_seqs(blocks):
         reason = f"max_num_seqs {seqs} exceeds the {blocks} mamba state blocks (vLLM refuses to start)"
         missing = (seqs - blocks) * layout.bytes_per_block

@@ -94,6 +94,11 @@ def test_head_dim_defaults_to_hidden_over_heads() -> None:
     assert architecture_from_config(config).head_dim == 128
 
 
+def test_a_missing_kv_head_count_means_one_kv_head_per_attention_head() -> None:
+    config = {k: v for k, v in PRESET_CONFIGS["llama-3.1-8b"].items() if k != "num_key_value_heads"}
+    assert architecture_from_config(config).num_kv_heads == 32
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -102,6 +107,9 @@ def test_head_dim_defaults_to_hidden_over_heads() -> None:
         ({"vocab_size": "big"}, "vocab_size"),
         ({"layer_types": ["sliding_attention"] * 32}, "sliding_attention"),
         ({"mamba_d_state": 128}, "mamba_d_state"),
+        ({"num_key_value_heads": -8}, "num_key_value_heads"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads"),
+        ({"num_key_value_heads": 5}, "num_key_value_heads 5"),
     ],
 )
 def test_bad_configs_are_refused_naming_the_field(change: dict[str, object], field: str) -> None:

@@ -44,6 +44,8 @@ def test_candidate_mnbts_start_at_the_floor_or_at_max_num_seqs() -> None:
     assert candidate_mnbts(replace(request, mnbt=1024)) == (1024,)
     with pytest.raises(MemoryPlanError, match="at or above the floor"):
         candidate_mnbts(replace(request, mnbt_floor=20_000))
+    with pytest.raises(MemoryPlanError, match="at or above --max-num-seqs 65536; give --max-num-batched-tokens"):
+        candidate_mnbts(replace(request, max_num_seqs=65536))
 
 
 def test_what_the_overheads_and_margin_leave_becomes_whole_kv_blocks() -> None:

@@ -62,6 +62,22 @@ def test_weights_larger_than_the_gpu_point_to_a_larger_tp() -> None:
         plan_memory(request("qwen3-next-80b-a3b", "bf16", 2))
 
 
+@pytest.mark.parametrize(
+    ("model", "quantization", "tp"), [("llama-3.3-70b", "bf16", 1), ("qwen3-next-80b-a3b", "bf16", 2)]
+)
+def test_the_missing_memory_is_the_sum_of_the_parts_the_message_lists(model: str, quantization: str, tp: int) -> None:
+    with pytest.raises(MemoryPlanError) as err:
+        plan_memory(request(model, quantization, tp))
+    message = str(err.value)
+    figure = r"([\d.]+) GiB"
+    total = float(re.search(r"\(" + figure + r" per GPU\)", message).group(1))  # type: ignore[union-attr]
+    missing = float(re.search(figure + " missing per GPU", message).group(1))  # type: ignore[union-attr]
+    parts = [float(x) for x in re.findall(r"(?:of KV|weights|transients|graphs|non-torch|margin) " + figure, message)]
+    parts += [float(x) for x in re.findall(figure + " of KV", message)]
+    assert len(parts) == 6
+    assert sum(parts) - total == pytest.approx(missing, abs=0.03)
+
+
 def test_nothing_fits_says_so() -> None:
     with pytest.raises(MemoryPlanError, match="No tensor parallel size up to 8 fits"):
         plan_memory(request("deepseek-v3", "fp8", 8))

@@ -60,3 +60,18 @@ def test_validate_unreadable_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2
     assert result.output.count("missing.yaml") == 1 and "No such file" in result.output
+
+
+def test_validate_refuses_a_field_given_twice_naming_its_line(tmp_path: Path) -> None:
+    f = tmp_path / "pool.yaml"
+    f.write_text(
+        "apiVersion: cacheroute.dev/v1alpha1\nkind: InferencePool\nmetadata:\n  name: twice\n"
+        "spec:\n  model:\n    name: m\n  replicas: 4\n  replicas: 5\n"
+    )
+    result = runner.invoke(app, ["validate", str(f)])
+    assert result.exit_code == 2
+    assert "line 9: key 'replicas' given twice" in result.output
+    # The same key in two mappings (name, here) is not a duplicate.
+    f.write_text(f.read_text().replace("  replicas: 5\n", ""))
+    result = runner.invoke(app, ["validate", str(f)])
+    assert result.exit_code == 0, result.output

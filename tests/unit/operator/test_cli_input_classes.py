@@ -187,6 +187,8 @@ def test_plan_destinations_file_not_utf8_or_not_addresses(tmp_path: Path) -> Non
     one_line_error(base, "not-an-address")
     fleet.write_text("- {id: a, address: 10.0.0.1:8000, weight: .inf}\n")
     one_line_error(base, "weight")
+    fleet.write_text("[]\n")
+    one_line_error([*base[:-2], "--budget-tokens", "auto"], "fleet.yaml: no destinations in it")
 
 
 # --- replay --------------------------------------------------------------------------------------

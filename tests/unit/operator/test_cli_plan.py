@@ -222,6 +222,21 @@ def test_replan_against_a_previous_plan_reports_forced_churn(stats_csv: Path, tm
     assert "churn" in out
 
 
+def test_a_replan_that_routes_as_the_previous_plan_says_only_its_summary_changed(
+    stats_csv: Path, tmp_path: Path
+) -> None:
+    common = ("--stats", str(stats_csv), "--kv-capacity-tokens", "60000", "--pool", "p", "-o", "json")
+    first, second, third = (tmp_path / f"{n}.json" for n in ("first", "second", "third"))
+    assert invoke(*common, "--destinations", "4", "--out", str(first))[0] == 0
+    code, out = invoke(*common, "--destinations", "4", "--previous", str(first), "--out", str(second))
+    assert code == 0, out
+    assert "routes every request as --previous does" in out
+    assert not out.startswith("{")  # --out, not standard output
+    code, out = invoke(*common, "--destinations", "3", "--previous", str(first), "--out", str(third))
+    assert code == 0, out
+    assert "as --previous does" not in out
+
+
 def test_destinations_file_with_weights(stats_csv: Path, tmp_path: Path) -> None:
     dfile = tmp_path / "dests.yaml"
     dfile.write_text(
@@ -313,3 +328,10 @@ def test_a_host_tier_is_worth_less_warm_budget_when_its_copy_back_costs(tmp_path
     free, priced = admitted(), admitted("--host-copy-s-per-token", "0.00007")  # half the default prefill
     # Host-held prefixes saving half as much, the same warm capacity admits fewer keys.
     assert 0 < priced < free
+
+
+def test_the_table_counts_pinned_keys_that_had_no_traffic(stats_csv: Path) -> None:
+    code, out = invoke("--stats", str(stats_csv), "--destinations", "2", "--budget-tokens", "10000",
+                       "--pool", "llama", "--pin", "vip=llama-1", "--pin", "alice=llama-0")
+    assert code == 0, out
+    assert "(2 pinned)" in out.split("share of requests")[0]  # the routed keys' row

@@ -172,3 +172,15 @@ def test_a_request_no_destination_can_hold_is_bad_input_not_an_internal_error(tm
     assert res.exit_code == 2, res.output
     assert "5 request(s) need more KV than one destination holds (500 tokens)" in res.output
     assert "internal error" not in res.output
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs a folder that takes no file")
+def test_an_out_folder_that_takes_no_file_is_refused_before_any_replay() -> None:
+    # /proc takes no file even for root, whose permission bits would say it can.
+    res = runner.invoke(make_app(), [
+        "replay", "--workload", "low-reuse", "--duration", "20", "--destinations", "4", "--policies", "p2c",
+        "--qps", "1", "--out", "/proc/cacheroute-replay",
+    ])
+    assert res.exit_code == 2, res.output
+    assert "--out /proc/cacheroute-replay: cannot write in /proc" in res.output
+    assert "p2c" not in res.output  # not one run
