@@ -21,9 +21,12 @@ from cacheroute.operator.api.common import (
     IntOrWords,
     ObjectMeta,
     enforce,
+    parse_duration,
 )
 
 MAX_PINNED = 10_000
+# The operator's control loop runs no faster than this; a shorter period would plan without pause.
+MIN_CONTROL_PERIOD = "1s"
 MAX_DESTINATIONS_PER_KEY = 16
 
 
@@ -117,6 +120,12 @@ class AffinityPlanSpec(ApiModel):
     )
 
     rules: ClassVar[tuple[CrossFieldRule, ...]] = (
+        CrossFieldRule(
+            cel=f"!has(self.controlPeriod) || duration(self.controlPeriod) >= duration('{MIN_CONTROL_PERIOD}')",
+            message=f"controlPeriod must be at least {MIN_CONTROL_PERIOD}",
+            check=lambda s: parse_duration(s.control_period) >= parse_duration(MIN_CONTROL_PERIOD),
+            field_path=".controlPeriod",
+        ),
         CrossFieldRule(
             cel="self.mode != 'Manual' || (has(self.pinned) && size(self.pinned) > 0)",
             message="mode Manual requires at least one pinned route",

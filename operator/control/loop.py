@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ValidationError
 
 from cacheroute.operator.api.common import parse_duration
-from cacheroute.operator.api.plan import AffinityPlanSpec
+from cacheroute.operator.api.plan import MIN_CONTROL_PERIOD, AffinityPlanSpec
 from cacheroute.operator.api.pool import InferencePool
 from cacheroute.operator.control import conditions as cond
 from cacheroute.operator.control import inputs
@@ -74,7 +74,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # A period never starts sooner than this after the previous one, whatever the spec says.
-MIN_PERIOD_S = 1.0
+MIN_PERIOD_S = parse_duration(MIN_CONTROL_PERIOD)
 # A period that found nothing to plan from yet (its pool still starting, no traffic counted yet) is
 # retried this soon instead of a whole control period later: a plan applied with its pool, as
 # `kubectl apply -f examples/` does, would otherwise sit idle for the default five minutes. A plan

@@ -111,3 +111,22 @@ def test_a_key_or_destination_pinned_twice_is_refused_by_the_api_server(
     assert rejected.value.status == 422
     message = json.loads(rejected.value.body)["message"]
     assert f"{field}: Duplicate value" in message, message
+
+
+@pytest.mark.parametrize(("period", "accepted"), [("500ms", False), ("0s", False), ("1s", True), ("1h30m", True)])
+def test_a_control_period_under_a_second_is_refused_by_the_api_server(
+    crds: list[dict[str, Any]], kube_api: Any, namespace: str, period: str, accepted: bool
+) -> None:
+    api = client.CustomObjectsApi(kube_api)
+    name = "period-" + period.replace(".", "-")
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "AffinityPlan", "metadata": {"name": name},
+        "spec": {"poolRef": {"name": "llama"}, "controlPeriod": period},
+    }
+    if accepted:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, "affinityplans", body, dry_run="All")
+        return
+    with pytest.raises(client.ApiException) as rejected:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, "affinityplans", body, dry_run="All")
+    assert rejected.value.status == 422
+    assert cel_message(crds, "AffinityPlan", "controlPeriod") in rejected.value.body

@@ -87,6 +87,15 @@ def test_manual_plan_requires_pinned_and_respects_max_destinations() -> None:
     assert ok.spec.pinned[0].destinations == ["d0", "d1", "d2"]
 
 
+@pytest.mark.parametrize(("period", "accepted"), [("500ms", False), ("0s", False), ("1s", True), ("1h30m", True)])
+def test_a_control_period_under_a_second_is_refused(period: str, accepted: bool) -> None:
+    if accepted:
+        assert AffinityPlan.model_validate(plan(controlPeriod=period)).spec.control_period == period
+        return
+    with pytest.raises(ValidationError, match="controlPeriod must be at least 1s"):
+        AffinityPlan.model_validate(plan(controlPeriod=period))
+
+
 def test_duplicate_pinned_keys_are_refused() -> None:
     twice = [{"key": "a", "destinations": ["d0"]}, {"key": "a", "destinations": ["d1"]}]
     with pytest.raises(ValidationError, match="pinned lists the key 'a' twice"):
