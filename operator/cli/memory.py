@@ -270,7 +270,9 @@ def memory_plan(
     elif output == "args":
         typer.echo(shlex.join(plan.vllm_args()))
     else:
-        _render_table(console, plan, quant, gpu_model.name)
+        # A GPU given by its memory is named with it: the product's own memory is not what was planned.
+        where = gpu_model.name if gpu_memory_gib is None else f"{gpu_model.name} with {gpu_memory_gib:g} GiB per GPU"
+        _render_table(console, plan, quant, where)
 
 
 def register(app: typer.Typer) -> None:

@@ -152,3 +152,10 @@ def test_the_host_tier_is_planned_as_a_pool_would_have_it() -> None:
     assert bad.exit_code == 2 and "--host-kv-gib" in bad.output
     negative = runner.invoke(app(), [*base, "--host-kv-gib", "-1"])
     assert negative.exit_code == 2 and "between 0 and 65,536" in " ".join(negative.output.split())
+
+
+def test_a_gpu_given_by_its_memory_is_titled_with_that_memory() -> None:
+    result = runner.invoke(app(), ["memory-plan", "--model", "llama-3.1-8b", "--gpu-memory-gib", "40"],
+                           env={"COLUMNS": "200"}, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "on h100-80gb with 40 GiB per GPU, TP=1" in result.output
