@@ -26,6 +26,9 @@ ORDER = (READY, METRICS_AVAILABLE, PLANNED, APPLIED, DEGRADED)
 # Reasons (CamelCase, as metav1.Condition requires).
 METRICS_READ = "MetricsRead"
 NO_TRAFFIC = "NoTraffic"
+# Prometheus holds less than half of the routers' history in the window (it was down, or lost its
+# data): a plan from what is left would drop every key not seen since.
+INCOMPLETE_WINDOW = "IncompleteWindow"
 PLAN_COMPUTED = "PlanComputed"
 POOL_NOT_FOUND = "PoolNotFound"
 POOL_NOT_READY = "PoolNotReady"
@@ -49,7 +52,7 @@ NO_PLAN = "NoPlan"
 REPORTING = "ShadowReporting"
 # What a plan waits on rather than fails at: its pool's first replicas, its first traffic. Such a
 # period is not Degraded and tells no Warning: every fresh `kubectl apply` would page someone.
-WAITING = frozenset({POOL_NOT_READY, NO_TRAFFIC})
+WAITING = frozenset({POOL_NOT_READY, NO_TRAFFIC, INCOMPLETE_WINDOW})
 
 Status = Literal["True", "False", "Unknown"]
 

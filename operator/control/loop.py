@@ -83,6 +83,8 @@ WAITING_RETRY_S = 15.0
 WAITING_REASONS = cond.WAITING | {cond.POOL_NOT_FOUND, cond.POOL_CLAIMED}
 # How often, between periods, a plan compares its pool's destinations with the last period's.
 POOL_CHECK_S = 10.0
+# Router history missing from a window that is not counted as missing (see `_incomplete_window`).
+MISSING_HISTORY_SLACK_S = 10.0
 
 
 class EventSink(Protocol):
@@ -396,6 +398,10 @@ class PlanLoop:
             if w.pool.spec.router.replicas == 0:
                 message += " (it runs no router of its own, spec.router.replicas being 0: Prometheus must scrape yours)"
             result.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, message))
+            return False
+        incomplete = _incomplete_window(window, w.spec.metrics_window)
+        if incomplete is not None:
+            result.add(Finding(cond.METRICS_AVAILABLE, False, cond.INCOMPLETE_WINDOW, incomplete))
             return False
         reporting = f"{len(window.engines)} vLLM pods reporting"
         if keys:
@@ -820,6 +826,36 @@ _FIGURES = (
     "planVersion", "appliedAt", "candidateVersion", "admittedKeys", "coveredRequestShare", "churn",
     "forcedChurn", "predictedKvHit", "observedKvHit", "predictedP99TtftSeconds",
 )
+
+
+def _incomplete_window(window: WindowMetrics, window_text: str) -> str | None:
+    """Why the window cannot be planned from, if Prometheus holds less than half of a router's
+    history in it (from the window's start, or the router's if later): planned from the rest, every
+    key not seen since would lose its route at once. None when it holds enough."""
+    gap = window.missing
+    if gap is None:
+        return None
+    span = window.evaluated_at - gap.expected_from
+    # A few scrape intervals pass before a new router's first sample: no history is missing then.
+    if gap.seconds <= max(span / 2, MISSING_HISTORY_SLACK_S):
+        return None
+    # Enough once the window's start passes the middle of the gap, or (a router younger than the
+    # window) once the router has run twice as long as the gap.
+    ready_at = min(gap.first_sample + window.window_s / 2, 2 * gap.first_sample - gap.expected_from)
+    return (
+        f"Prometheus holds only the last {_span_text(window.evaluated_at - gap.first_sample)} of the "
+        f"{window_text} window for router pod {gap.pod}: its samples from {iso(gap.expected_from)} to "
+        f"{iso(gap.first_sample)} are missing (Prometheus was down, or lost its data); the plan in effect "
+        f"stays until Prometheus holds half of the window, in about {_span_text(ready_at - window.evaluated_at)}"
+    )
+
+
+def _span_text(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    minutes, rest = divmod(seconds, 60)
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
 
 
 def _pool_gone(result: PeriodResult, pool_name: str) -> PeriodResult:

@@ -28,6 +28,8 @@ from cacheroute.operator.control.promql import (
     PoolSeries,
     WindowQueries,
     key_counter,
+    router_first_sample,
+    router_started,
     window_queries,
     window_seconds,
 )
@@ -94,6 +96,36 @@ class EngineWindow:
         return min(max(self.prefix_cache_hits / self.prefix_cache_queries, 0.0), 1.0)
 
 
+@dataclass(frozen=True)
+class MissingHistory:
+    """A router pod's samples that Prometheus should hold in the window and does not: it was
+    down, or lost its data, from `expected_from` (the window's start, or the router's if later)
+    to `first_sample`."""
+
+    pod: str
+    expected_from: float
+    first_sample: float
+
+    @property
+    def seconds(self) -> float:
+        return self.first_sample - self.expected_from
+
+
+def missing_history(
+    first_samples: Mapping[str, float], started: Mapping[str, float], window_start: float
+) -> MissingHistory | None:
+    """The router pod whose first sample in the window comes longest after it should have, if any.
+    A pod whose start is not known is passed over: its late first sample may be a new router's."""
+    worst: MissingHistory | None = None
+    for pod, first in first_samples.items():
+        if pod not in started:
+            continue
+        gap = MissingHistory(pod, max(window_start, started[pod]), first)
+        if gap.seconds > 0 and (worst is None or gap.seconds > worst.seconds):
+            worst = gap
+    return worst
+
+
 @dataclass(frozen=True, eq=False)
 class WindowMetrics:
     evaluated_at: int  # unix seconds the queries were evaluated at
@@ -102,6 +134,8 @@ class WindowMetrics:
     other: Aggregate  # keyed requests of keys the router's sketch does not track
     unkeyed: Aggregate  # requests without a key
     engines: Mapping[str, EngineWindow] = field(default_factory=dict)
+    # The largest stretch of router history missing from the window (None: none, or not read).
+    missing: MissingHistory | None = None
 
     @property
     def total_requests(self) -> float:
@@ -144,7 +178,8 @@ def _aggregate(name: str, requests: dict[str, float], prompt: dict[str, float], 
 
 
 def window_from_values(
-    values: Mapping[str, Mapping[str, float]], *, evaluated_at: int, window_s: float
+    values: Mapping[str, Mapping[str, float]], *, evaluated_at: int, window_s: float,
+    missing: MissingHistory | None = None,
 ) -> WindowMetrics:
     """Assemble a window from each `WindowQueries` field's answer, as label value -> sample value."""
     requests, prompt, prefix = (dict(values[n]) for n in KEY_COUNTERS)
@@ -158,6 +193,7 @@ def window_from_values(
         other=_aggregate(OTHER_KEY, requests, prompt, prefix),
         unkeyed=_aggregate(NO_KEY, requests, prompt, prefix),
         engines=engines,
+        missing=missing,
     )
 
 
@@ -215,23 +251,35 @@ class PrometheusReader:
         """All queries of one period, concurrently, evaluated at unix second `at` (without the
         per-key ones when `keys` is false); then the keys with a series created in the window."""
         try:
-            values = await asyncio.wait_for(self._read(series, window_s, at, keys), timeout=self.timeout_s + 1.0)
+            values, missing = await asyncio.wait_for(
+                self._read(series, window_s, at, keys), timeout=self.timeout_s + 1.0
+            )
         except TimeoutError as exc:
             raise MetricsReadError(
                 REASON_TIMEOUT, f"Prometheus at {self.url} did not answer within {self.timeout_s:g}s"
             ) from exc
-        return window_from_values(values, evaluated_at=at, window_s=window_s)
+        return window_from_values(values, evaluated_at=at, window_s=window_s, missing=missing)
 
-    async def _read(self, series: PoolSeries, window_s: float, at: int, keys: bool) -> dict[str, dict[str, float]]:
+    async def _read(
+        self, series: PoolSeries, window_s: float, at: int, keys: bool
+    ) -> tuple[dict[str, dict[str, float]], MissingHistory | None]:
         queries = window_queries(series, window_s)
         names = [n for n in WindowQueries.__dataclass_fields__ if keys or not n.startswith("key_")]
         calls = [asyncio.to_thread(self._query, getattr(queries, name), at, _label(name)) for name in names]
+        seconds = window_seconds(window_s)
+        # The routers' history in the window, where the per-key counts are read from it.
+        history = [
+            asyncio.to_thread(self._query, router_first_sample(series, seconds, at), at, "pod"),
+            asyncio.to_thread(self._query, router_started(series), at, "pod"),
+        ] if keys else []
+        answers = await asyncio.gather(*calls, *history)
         values: dict[str, dict[str, float]] = {name: {} for name in WindowQueries.__dataclass_fields__}
-        values.update(zip(names, await asyncio.gather(*calls), strict=True))
+        values.update(zip(names, answers[: len(names)], strict=True))
+        missing = missing_history(answers[-2], answers[-1], at - seconds) if keys else None
         born = [key for key, count in values["key_born"].items() if count > 0]
         if born:
-            await self._count_born(series, window_seconds(window_s), at, born, values)
-        return values
+            await self._count_born(series, seconds, at, born, values)
+        return values, missing
 
     async def _count_born(
         self, series: PoolSeries, seconds: int, at: int, born: list[str], values: dict[str, dict[str, float]]

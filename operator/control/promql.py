@@ -127,6 +127,27 @@ def key_born(series: PoolSeries, window_s: int) -> str:
     return f"count by (key) ({KEY_CREATED}{{{series.router}}} > time() - {window_s})"
 
 
+# Steps of the subquery that finds a router's first sample in the window: its precision.
+HISTORY_STEPS = 240
+
+
+def router_first_sample(series: PoolSeries, window_s: int, at: int) -> str:
+    """Per router pod: the time of the earliest sample Prometheus holds for it in the window that
+    ends at unix second `at`, to within window/240 (the series the router exports from its start,
+    its `__other__` requests).
+
+    A subquery step sees the latest sample before it, which after a Prometheus outage is one from
+    before the outage: only samples inside the window count (`>=` its start, a literal)."""
+    step = max(1, round(window_s / HISTORY_STEPS))
+    alive = f'{KEY_REQUESTS}{{{series.router},key="{OTHER_KEY}"}}'
+    return f"min by (pod) (min_over_time((timestamp({alive}) >= {at - window_s})[{window_s}s:{step}s]))"
+
+
+def router_started(series: PoolSeries) -> str:
+    """Per router pod: when its router started (unix seconds; its `__other__` series' creation)."""
+    return f'max by (pod) ({KEY_CREATED}{{{series.router},key="{OTHER_KEY}"}})'
+
+
 def _keys_matcher(keys: Sequence[str]) -> str:
     if not keys or not all(PLAIN_KEY.fullmatch(k) for k in keys):
         raise ValueError("keys must be a non-empty list of plain key labels")

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -534,6 +535,11 @@ class DedicatedPrometheus:
             self.resume()
             self.process.stop()
             self.process = None
+
+    def lose_data(self) -> None:
+        """Delete the stopped Prometheus' stored samples, as a volume lost with its pod would."""
+        assert self.process is None, "stop it first"
+        shutil.rmtree(self.workdir / "data", ignore_errors=True)
 
     def pause(self) -> None:
         """SIGSTOP: connections are accepted by the kernel but never answered (a hung server)."""

@@ -120,3 +120,56 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
     assert condition(obj, "Applied")["status"] == "True"
     assert condition(obj, "Degraded")["status"] == "False"
     assert obj["status"]["observedKvHit"] is not None
+
+
+def test_a_prometheus_that_lost_its_data_leaves_the_plan_in_effect_until_it_holds_half_the_window(
+    env: ControlEnv, own_prometheus: list[DedicatedPrometheus]
+) -> None:
+    window = 30
+    kube_api, namespace = env.api, env.namespace
+    traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
+    fleet = env.fleet("llama")
+    fleet.set_traffic(traffic)
+    prom = DedicatedPrometheus(env.tmp_path / "prometheus", fleet.jobs())
+    own_prometheus.append(prom)
+    prom.start()
+    env.operator()
+    env.pool("llama")
+    wait_for_window(prom.url, namespace, len(traffic.keys) + 2, window)
+    create_plan(kube_api, namespace, plan_manifest(
+        "llama", "llama", controlPeriod=f"{PERIOD}s", metricsWindow=f"{window}s",
+        prometheus={"url": prom.url, "timeout": "1s"}, guard=GUARD_THROUGH_TIES,
+    ))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
+             timeout=90, what="a first plan applied")
+    version = get_plan(kube_api, namespace, "llama")["status"]["planVersion"]
+    routes = published_plan(kube_api, namespace, "llama").routes()  # type: ignore[union-attr]
+
+    prom.stop()
+    prom.lose_data()
+    prom.start()
+    restarted = time.time()
+    seen: list[dict[str, Any]] = []
+
+    def period_since_restart() -> bool:
+        obj = get_plan(kube_api, namespace, "llama")
+        metrics = condition(obj, "MetricsAvailable")
+        if _epoch(obj["status"]["lastPeriodTime"]) >= restarted and metrics.get("reason") != "PrometheusUnreachable":
+            seen.append(obj)
+            return metrics.get("reason") == "MetricsRead"
+        return False
+
+    wait_for(period_since_restart, timeout=90, what="planning again after Prometheus lost its data", interval=0.2)
+    held = [obj for obj in seen if condition(obj, "MetricsAvailable").get("reason") == "IncompleteWindow"]
+    assert held, [condition(obj, "MetricsAvailable") for obj in seen]
+    for obj in held:
+        # Waiting, not failing; the plan in effect and its routes stay.
+        assert condition(obj, "MetricsAvailable")["status"] == "False"
+        assert "Prometheus holds only the last" in condition(obj, "MetricsAvailable")["message"]
+        assert condition(obj, "Degraded")["status"] == "False"
+        assert condition(obj, "Ready")["status"] == "True"
+        assert obj["status"]["planVersion"] == version
+    assert published_plan(kube_api, namespace, "llama").routes() == routes  # type: ignore[union-attr]
+    # Planned from again once Prometheus holds half the window, not before.
+    planned_at = _epoch(seen[-1]["status"]["lastPeriodTime"])
+    assert planned_at >= restarted + window / 2 - PERIOD - 2, planned_at - restarted

@@ -174,3 +174,50 @@ def test_pinned_routes_keep_ready_destinations_and_say_what_they_dropped() -> No
 ])
 def test_key_labels_map_to_affinity_hashes(label: str, expected: int) -> None:
     assert inputs.key_hash_of_label(label) == expected
+
+
+# --- the routers' history in the window ----------------------------------------------------------
+
+T = 1_700_000_000  # the period's instant
+
+
+def test_missing_history_is_the_router_whose_first_sample_comes_longest_after_it_should() -> None:
+    from cacheroute.operator.control.prometheus import missing_history
+
+    window_start = T - 600
+    first = {"r-a": T - 20, "r-b": T - 590, "r-new": T - 55, "r-unknown": T - 5}
+    # r-a ran the whole window but Prometheus holds 20 s of it; r-new started 60 s ago and was
+    # scraped 5 s later; nothing says when r-unknown started: passed over.
+    started = {"r-a": T - 86_400, "r-b": T - 86_400, "r-new": T - 60}
+    gap = missing_history(first, started, window_start)
+    assert gap is not None and (gap.pod, gap.expected_from, gap.seconds) == ("r-a", window_start, 580)
+    # A router that restarted after its first sample in the window misses nothing.
+    assert missing_history({"r": T - 500}, {"r": T - 100}, window_start) is None
+
+
+def _window(first: float, expected_from: float, window_s: float = 600) -> Any:
+    from dataclasses import replace
+
+    from cacheroute.operator.control.prometheus import MissingHistory
+
+    base = window_from_results(results(), evaluated_at=T, window_s=window_s)
+    return replace(base, missing=MissingHistory("llama-router-5d8c7b9f4-a0000", expected_from, first))
+
+
+def test_a_window_holding_less_than_half_a_routers_history_is_not_planned_from() -> None:
+    from cacheroute.operator.control.loop import _incomplete_window
+
+    # Prometheus lost its data 20 s ago: 580 of the 600 s are missing; enough once the window's
+    # start passes the gap's middle, 280 s from now.
+    message = _incomplete_window(_window(T - 20, T - 600), "10m")
+    assert message is not None
+    assert "holds only the last 20 s of the 10m window for router pod llama-router-5d8c7b9f4-a0000" in message
+    assert "in about 4 min 40 s" in message
+    # Half the window held: planned from.
+    assert _incomplete_window(_window(T - 300, T - 600), "10m") is None
+    # A router 100 s old whose first 80 s are missing: enough once it has run 160 s.
+    message = _incomplete_window(_window(T - 20, T - 100), "10m")
+    assert message is not None and message.endswith("in about 1 min")
+    # A new router's first scrape a few seconds after its start is no missing history.
+    assert _incomplete_window(_window(T - 4, T - 12), "10m") is None
+    assert _incomplete_window(window_from_results(results(), evaluated_at=T, window_s=600), "10m") is None
