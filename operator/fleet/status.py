@@ -195,10 +195,16 @@ def verdicts(
 
     short = [p for p in pods if p.unschedulable]
     failing = [p for p in pods if p.failing]
+    # A rollout is the StatefulSet's revisions differing: its updated count also drops when a pod
+    # is deleted (the count is of existing pods), which is no rollout; it is read only when the
+    # controller reports no revisions.
     updating = sts is not None and (
         not sts.settled
-        or sts.updated_replicas < spec.replicas
-        or (sts.update_revision and sts.current_revision != sts.update_revision)
+        or (
+            sts.current_revision != sts.update_revision
+            if sts.update_revision
+            else sts.updated_replicas < spec.replicas
+        )
     )
     router_ok = spec.router.replicas == 0 or (facts.router is not None and facts.router.available_replicas > 0)
     if short:

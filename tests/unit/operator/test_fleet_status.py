@@ -100,6 +100,19 @@ def test_a_rollout_is_updating_and_a_slow_start_is_pods_not_ready() -> None:
     assert (v["Ready"].reason, v["Progressing"].reason, v["Degraded"].status) == ("PodsNotReady", "Starting", "False")
 
 
+def test_a_deleted_pod_is_pods_not_ready_not_a_rollout() -> None:
+    # The StatefulSet counts updated pods among those that exist: one fewer while llama-1 is gone.
+    gone = FleetFacts([pod(0), pod(2)], workload(2, 2, updated=2), ROUTER)
+    v = verdicts(SPEC, PLANNED, gone)
+    assert (v["Ready"].reason, v["Progressing"].reason) == ("PodsNotReady", "ScalingUp")
+    back = FleetFacts([pod(0), pod(1, ready=False), pod(2)], workload(3, 2, updated=3), ROUTER)
+    v = verdicts(SPEC, PLANNED, back)
+    assert (v["Ready"].reason, v["Progressing"].reason) == ("PodsNotReady", "Starting")
+    # Without revisions in the StatefulSet's status, the updated count is all there is to go by.
+    unknown = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3, updated=2, revisions=("", "")), ROUTER)
+    assert verdicts(SPEC, PLANNED, unknown)["Progressing"].reason == "Updating"
+
+
 def test_facts_read_before_the_new_spec_was_applied_do_not_say_the_rollout_is_complete() -> None:
     # kopf's index still holds the StatefulSet of the previous spec, settled, all replicas ready.
     before = FleetFacts([pod(0), pod(1), pod(2)], workload(3, 3, generation=4, observed=4), ROUTER)
