@@ -46,6 +46,8 @@ EMPTY_PLAN = "EmptyPlan"
 PUBLISH_FAILED = "PublishFailed"
 POOL_CLAIMED = "PoolClaimed"
 INVALID_PLAN = "InvalidPlan"
+# An Event: the plan ConfigMaps in effect could not be read (edited by hand, or half-written).
+PLAN_UNREADABLE = "PlanUnreadable"
 AS_EXPECTED = "AsExpected"
 PLAN_IN_EFFECT = "PlanInEffect"
 NO_PLAN = "NoPlan"

@@ -168,10 +168,12 @@ def pinned_routes(
     return routes, notes
 
 
-def unknown_pinned_destination(spec: AffinityPlanSpec, pool_ids: Collection[str]) -> str | None:
-    """The first pinned destination that is not in the pool at all, if any."""
+def unknown_pinned_destinations(spec: AffinityPlanSpec, pool_ids: Collection[str]) -> list[tuple[str, str]]:
+    """Each pinned route that names a destination not in the pool at all: its key and the first
+    such destination."""
+    out = []
     for pin in spec.pinned:
-        for d in pin.destinations:
-            if d not in pool_ids:
-                return d
-    return None
+        unknown = next((d for d in pin.destinations if d not in pool_ids), None)
+        if unknown is not None:
+            out.append((pin.key, unknown))
+    return out

@@ -315,6 +315,14 @@ class PlanLoop:
         if current.error:
             log.warning("AffinityPlan %s/%s: the plan ConfigMaps hold no valid plan (%s)",
                         self.namespace, self.name, current.error)
+            if spec.mode != "Shadow":
+                # The routers keep the last plan they loaded; this period publishes over it, planned
+                # without it (no churn limit holds against a plan that cannot be read).
+                result.tell("Warning", cond.PLAN_UNREADABLE, (
+                    f"the plan ConfigMaps of pool {pool_name} hold no valid plan ({current.error}); the routers "
+                    "keep the last plan they loaded, and this period publishes its own in its place, planned "
+                    "as if no plan were in effect"
+                ))
         result.status["planVersion"] = current.version if current.plan is not None else None
         if current.plan is not None and not len(current.plan) and spec.mode != "Shadow":
             result.empty_in_effect = current.version
@@ -662,7 +670,7 @@ class PlanLoop:
     async def _report(self, body: Mapping[str, Any], result: PeriodResult, generation: int | None) -> None:
         old_status = body.get("status") or {}
         mode = str((body.get("spec") or {}).get("mode", "Auto"))
-        to_post = events_to_post(old_status, result)
+        to_post = events_to_post(old_status, result, generation)
         result.status = new_status(old_status, result, mode=mode, generation=generation, now=self.clock())
         # Told before the status that records them is written: an operator that dies in between
         # (or a status write that fails) has the next period tell them again, rather than never.
@@ -806,10 +814,13 @@ def _waiting(status: Mapping[str, Any]) -> bool:
 
 def _refused_pins(w: _Work, everyone: Sequence[Destination]) -> bool:
     """True (with the findings) when a pinned route names a destination the pool does not have."""
-    unknown = inputs.unknown_pinned_destination(w.spec, {d.id for d in everyone})
-    if unknown is None:
+    unknown = inputs.unknown_pinned_destinations(w.spec, {d.id for d in everyone})
+    if not unknown:
         return False
-    message = f"a pinned route names {unknown}, which is not a destination of InferencePool {w.pool_name}"
+    key, destination = unknown[0]
+    message = f"pinned key {key!r} names {destination}, which is not a destination of InferencePool {w.pool_name}"
+    if len(unknown) > 1:
+        message += f" (and {len(unknown) - 1} more pinned route(s) name destinations it does not have)"
     _not_planned(w.result, cond.INVALID_PINNED, message)
     if w.spec.mode != "Shadow":
         # Said of this generation: the plan in effect stays, not this spec's.

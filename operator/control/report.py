@@ -59,15 +59,20 @@ def new_status(
     return status
 
 
-def events_to_post(old_status: Mapping[str, Any], result: PeriodResult) -> list[Event]:
-    """The period's Events less repeats, plus MetricsAvailable transitions."""
+def events_to_post(
+    old_status: Mapping[str, Any], result: PeriodResult, generation: int | None = None
+) -> list[Event]:
+    """The period's Events less repeats, plus MetricsAvailable transitions. `generation`: the
+    spec's, this period; a failure is told again for a new spec (say, another bad pin)."""
     old_conditions = list(old_status.get("conditions") or [])
     same_candidate = result.status.get("candidateVersion") == old_status.get("candidateVersion")
     degraded = cond.current(old_conditions, cond.DEGRADED)
+    same_spec = generation is None or old_status.get("observedGeneration") == generation
     # A failure, or a wait, is told when it starts, not every period it lasts.
     failing_for = (
         degraded.get("reason")
-        if degraded is not None and (degraded.get("status") == "True" or degraded.get("reason") in cond.WAITING)
+        if same_spec and degraded is not None
+        and (degraded.get("status") == "True" or degraded.get("reason") in cond.WAITING)
         else None
     )
     out: list[Event] = []

@@ -244,3 +244,38 @@ def test_a_plan_republishes_a_deleted_configmap_and_stops_describing_a_deleted_p
     assert status.get("planVersion") is None and status.get("admittedKeys") is None
     assert status.get("candidateVersion") is None
     assert condition(get_plan(kube_api, namespace, "pins"), "Applied")["reason"] == "PoolNotFound"
+
+
+def test_a_plan_configmap_edited_into_no_plan_is_told_and_published_over(env: ControlEnv) -> None:
+    import base64
+    import gzip
+
+    kube_api, namespace = env.api, env.namespace
+    env.operator()
+    env.pool("llama")
+    create_plan(kube_api, namespace, plan_manifest("pins", "llama", mode="Manual", controlPeriod="2s",
+                                                    pinned=[{"key": "tenant-a", "destinations": ["llama-1"]}]))
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "pins"), "Applied").get("status") == "True",
+             timeout=90, what="Applied=True")
+    expected = {affinity_key_hash("tenant-a"): ("llama-1",)}
+    core = client.CoreV1Api(kube_api)
+    # A hand edit: the header replaced by an empty gzip stream; the version annotation stays.
+    empty = base64.b64encode(gzip.compress(b"")).decode()
+    core.patch_namespaced_config_map("llama-plan", namespace, {"binaryData": {"plan.json.gz": empty}})
+
+    def told() -> list[object]:
+        return events(kube_api, namespace, "PlanUnreadable")
+
+    wait_for(lambda: bool(told()), timeout=30, what="a PlanUnreadable Event")
+    [event] = told()
+    assert event.type == "Warning" and event.involved_object.name == "pins"  # type: ignore[attr-defined]
+    assert "llama hold no valid plan" in event.message  # type: ignore[attr-defined]
+
+    def pins_back() -> bool:
+        plan = published_plan(kube_api, namespace, "llama")
+        return plan is not None and plan.routes() == expected
+
+    wait_for(pins_back, timeout=30, what="the pinned routes published over the edit")
+    # Readable again: not told every period.
+    last = get_plan(kube_api, namespace, "pins")["status"]["lastPeriodTime"]
+    assert wait_for_period_after(kube_api, namespace, "pins", last) and len(told()) == 1

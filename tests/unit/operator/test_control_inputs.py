@@ -162,8 +162,8 @@ def test_pinned_routes_keep_ready_destinations_and_say_what_they_dropped() -> No
     routes, notes = inputs.pinned_routes(spec, ready)
     assert routes == {"a": ["p-0"]}
     assert len(notes) == 2 and "p-1" in notes[0]
-    assert inputs.unknown_pinned_destination(spec, {"p-0"}) == "p-1"
-    assert inputs.unknown_pinned_destination(spec, {"p-0", "p-1"}) is None
+    assert inputs.unknown_pinned_destinations(spec, {"p-0"}) == [("a", "p-1"), ("b", "p-1")]
+    assert inputs.unknown_pinned_destinations(spec, {"p-0", "p-1"}) == []
 
 
 @pytest.mark.parametrize(("label", "expected"), [

@@ -90,6 +90,19 @@ def test_events_skip_repeats_of_a_failure_and_of_a_judged_candidate() -> None:
     assert [e.reason for e in events_to_post(old, rejected)] == [cond.GUARD_REJECTED]
 
 
+
+def test_a_failure_is_told_again_for_a_new_spec() -> None:
+    old = {
+        "observedGeneration": 3,
+        "conditions": cond.merge([], [Finding(cond.DEGRADED, True, cond.INVALID_PINNED)], generation=3, now=T0),
+    }
+    again = PeriodResult("failed", 1)
+    again.tell("Warning", cond.INVALID_PINNED, "pinned key 'a' names p-7")
+    assert events_to_post(old, again, 3) == []
+    # The spec was edited (another pin refused): told, or its Events would name the first mistake only.
+    assert [e.message for e in events_to_post(old, again, 4)] == ["pinned key 'a' names p-7"]
+
+
 def test_waiting_for_a_pool_or_for_traffic_is_told_once_and_is_not_degraded() -> None:
     fresh = PeriodResult("kept", 1)
     fresh.add(Finding(cond.METRICS_AVAILABLE, False, cond.NO_TRAFFIC, "no router requests"),
