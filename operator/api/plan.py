@@ -189,6 +189,10 @@ class AffinityPlan(ApiModel):
     crd_printer_columns: ClassVar[tuple[dict[str, Any], ...]] = (
         {"name": "Pool", "type": "string", "jsonPath": ".spec.poolRef.name"},
         {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
+        # Ready stays True while a plan is in effect, whatever fails: what fails is Degraded's reason.
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Degraded", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Degraded")].reason',
+         "description": "AsExpected, a wait (NoTraffic, PoolNotReady, IncompleteWindow) or what fails"},
         {"name": "Plan", "type": "string", "jsonPath": ".status.planVersion", "description": "Applied plan version"},
         {"name": "Keys", "type": "integer", "jsonPath": ".status.admittedKeys"},
         {"name": "KV hit", "type": "number", "jsonPath": ".status.observedKvHit", "format": "float"},

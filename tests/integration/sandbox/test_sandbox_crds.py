@@ -130,3 +130,32 @@ def test_a_control_period_under_a_second_is_refused_by_the_api_server(
         api.create_namespaced_custom_object(GROUP, VERSION, namespace, "affinityplans", body, dry_run="All")
     assert rejected.value.status == 422
     assert cel_message(crds, "AffinityPlan", "controlPeriod") in rejected.value.body
+
+
+def test_kubectl_get_shows_a_plans_readiness_and_what_degrades_it(
+    crds: list[dict[str, Any]], kube_api: Any, namespace: str
+) -> None:
+    api = client.CustomObjectsApi(kube_api)
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AffinityPlan", "metadata": {"name": "shown"},
+            "spec": {"poolRef": {"name": "llama"}}}
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "affinityplans", body)
+    stamp = "2026-12-05T10:00:00Z"
+    conditions = [
+        {"type": kind, "status": status, "reason": reason, "message": "", "lastTransitionTime": stamp}
+        for kind, status, reason in (("Ready", "True", "PlanInEffect"), ("Degraded", "True", "PrometheusUnreachable"))
+    ]
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "affinityplans", "shown",
+        {"status": {"conditions": conditions, "planVersion": "0123456789abcdef", "observedKvHit": 0.6612}},
+    )
+    # What `kubectl get aplan` prints: the API server's Table rendering of the CRD's columns.
+    answer = kube_api.call_api(
+        f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/affinityplans/shown", "GET",
+        header_params={"Accept": "application/json;as=Table;g=meta.k8s.io;v=v1"},
+        response_type="object", _return_http_data_only=True,
+    )
+    columns = [c["name"] for c in answer["columnDefinitions"]]
+    row = dict(zip(columns, answer["rows"][0]["cells"], strict=True))
+    assert (row["Ready"], row["Degraded"], row["Plan"], row["KV hit"]) == (
+        "True", "PrometheusUnreachable", "0123456789abcdef", 0.6612
+    )

@@ -116,7 +116,7 @@ def test_crd_metadata() -> None:
     assert pool["metadata"]["name"] == "inferencepools.cacheroute.dev"
     for obj, columns in (
         (pool, ["Ready", "Reason", "Available", "Replicas", "TP", "GPU", "Age"]),
-        (plan, ["Pool", "Mode", "Plan", "Keys", "KV hit", "Age"]),
+        (plan, ["Pool", "Mode", "Ready", "Degraded", "Plan", "Keys", "KV hit", "Age"]),
     ):
         version = obj["spec"]["versions"][0]
         assert version["subresources"] == {"status": {}}
