@@ -44,9 +44,12 @@ def _epoch(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).timestamp()
 
 
-def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
-    env: ControlEnv, own_prometheus: list[DedicatedPrometheus]
-) -> None:
+def _a_plan_applied(
+    env: ControlEnv, own_prometheus: list[DedicatedPrometheus], window: int
+) -> tuple[DedicatedPrometheus, Any]:
+    """A pool with traffic, a Prometheus of the test's own holding a whole window of it, and the
+    AffinityPlan `llama` reading it every PERIOD, its first plan applied: that Prometheus and the
+    operator (which has no default Prometheus: the plan names its own)."""
     kube_api, namespace = env.api, env.namespace
     traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
     fleet = env.fleet("llama")
@@ -54,15 +57,23 @@ def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
     prom = DedicatedPrometheus(env.tmp_path / "prometheus", fleet.jobs())
     own_prometheus.append(prom)
     prom.start()
-    operator = env.operator()  # no default Prometheus: the AffinityPlan names its own
+    operator = env.operator()
     env.pool("llama")
-    wait_for_window(prom.url, namespace, len(traffic.keys) + 2, WINDOW)
+    wait_for_window(prom.url, namespace, len(traffic.keys) + 2, window)
     create_plan(kube_api, namespace, plan_manifest(
-        "llama", "llama", controlPeriod=f"{PERIOD}s", metricsWindow=f"{WINDOW}s",
+        "llama", "llama", controlPeriod=f"{PERIOD}s", metricsWindow=f"{window}s",
         prometheus={"url": prom.url, "timeout": "1s"}, guard=GUARD_THROUGH_TIES,
     ))
     wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
              timeout=90, what="a first plan applied")
+    return prom, operator
+
+
+def test_plan_stays_while_prometheus_is_away_and_planning_resumes(
+    env: ControlEnv, own_prometheus: list[DedicatedPrometheus]
+) -> None:
+    kube_api, namespace = env.api, env.namespace
+    prom, operator = _a_plan_applied(env, own_prometheus, WINDOW)
     wait_for(lambda: get_plan(kube_api, namespace, "llama")["status"].get("observedKvHit") is not None,
              timeout=30, what="an observed KV hit")
     version = get_plan(kube_api, namespace, "llama")["status"]["planVersion"]
@@ -127,21 +138,7 @@ def test_a_prometheus_that_lost_its_data_leaves_the_plan_in_effect_until_it_hold
 ) -> None:
     window = 30
     kube_api, namespace = env.api, env.namespace
-    traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    fleet = env.fleet("llama")
-    fleet.set_traffic(traffic)
-    prom = DedicatedPrometheus(env.tmp_path / "prometheus", fleet.jobs())
-    own_prometheus.append(prom)
-    prom.start()
-    env.operator()
-    env.pool("llama")
-    wait_for_window(prom.url, namespace, len(traffic.keys) + 2, window)
-    create_plan(kube_api, namespace, plan_manifest(
-        "llama", "llama", controlPeriod=f"{PERIOD}s", metricsWindow=f"{window}s",
-        prometheus={"url": prom.url, "timeout": "1s"}, guard=GUARD_THROUGH_TIES,
-    ))
-    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
-             timeout=90, what="a first plan applied")
+    prom, _ = _a_plan_applied(env, own_prometheus, window)
     version = get_plan(kube_api, namespace, "llama")["status"]["planVersion"]
     routes = published_plan(kube_api, namespace, "llama").routes()  # type: ignore[union-attr]
 
