@@ -115,7 +115,11 @@ def _json_value(value: Any) -> Any:
 def parse_resource(obj: dict[str, Any], where: str = "") -> InferencePool | AffinityPlan:
     """Validate one decoded object with the API server's rules; raises ManifestError naming each bad field."""
     if not isinstance(obj, dict):
-        raise ManifestError(f"{where}: expected a mapping, got {type(obj).__name__}")
+        # YAML reads most text that is not a manifest (a CSV, a log) as one string.
+        got = {"str": "a line of text", "list": "a list", "int": "a number", "float": "a number"}.get(
+            type(obj).__name__, type(obj).__name__
+        )
+        raise ManifestError(f"{where}: not a manifest (an object with apiVersion, kind and metadata): {got}")
     kind = obj.get("kind")
     if kind not in KINDS:
         raise ManifestError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")

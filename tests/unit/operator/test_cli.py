@@ -75,3 +75,11 @@ def test_validate_refuses_a_field_given_twice_naming_its_line(tmp_path: Path) ->
     f.write_text(f.read_text().replace("  replicas: 5\n", ""))
     result = runner.invoke(app, ["validate", str(f)])
     assert result.exit_code == 0, result.output
+
+
+def test_validate_names_text_that_is_not_a_manifest(tmp_path: Path) -> None:
+    f = tmp_path / "stats.csv"
+    f.write_text("key,rate,prompt_tokens\nalice,1.5,3000\n")
+    result = runner.invoke(app, ["validate", str(f)])
+    assert result.exit_code == 2
+    assert "stats.csv#0: not a manifest (an object with apiVersion, kind and metadata): a line of text" in result.output
