@@ -334,6 +334,10 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
     if plan_dir is not None and not plan_dir.is_dir():
         raise _fail(f"plan-dir {plan_dir} is not a directory")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs each read of Envoy's statistics at info level: one line per scrape, every second.
+    quiet = logging.getLogger().level if logging.getLogger().level <= logging.DEBUG else logging.WARNING
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(quiet)
     from cacheroute.router.server import BindError, Router
 
     try:

@@ -149,8 +149,8 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping: the API server refuses such
-    an object (strict field validation, kubectl's default), where a plain YAML load keeps the last."""
+    """YAML's safe loader, refusing a key given twice in one mapping: kubectl, like a plain YAML
+    load, keeps the last value without a word, and a manifest reviewed in Git says two things."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()

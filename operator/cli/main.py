@@ -120,7 +120,7 @@ def validate(
             continue
         except DuplicateKeyError as exc:
             failed += 1
-            report(f"invalid {path}: line {exc.line}: key {exc.key!r} given twice (the API server refuses it)")
+            report(f"invalid {path}: line {exc.line}: key {exc.key!r} given twice (kubectl would keep the last one)")
             continue
         except yaml.YAMLError as exc:
             failed += 1

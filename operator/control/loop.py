@@ -410,6 +410,8 @@ class PlanLoop:
         incomplete = _incomplete_window(window, w.spec.metrics_window)
         if incomplete is not None:
             result.add(Finding(cond.METRICS_AVAILABLE, False, cond.INCOMPLETE_WINDOW, incomplete))
+            # A hit ratio of the last seconds is no figure of the window.
+            result.status["observedKvHit"] = None
             return False
         reporting = f"{len(window.engines)} vLLM pods reporting"
         if keys:

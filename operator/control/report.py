@@ -77,7 +77,12 @@ def events_to_post(
     )
     out: list[Event] = []
     metrics = result.finding(cond.METRICS_AVAILABLE)
-    if metrics is not None and cond.is_true(old_conditions, cond.METRICS_AVAILABLE) is not metrics.status:
+    old_metrics = cond.current(old_conditions, cond.METRICS_AVAILABLE)
+    # Told when it turns, and when it stays False for another reason (Prometheus back, but
+    # holding too little of the window: a wait after a failure).
+    turned = cond.is_true(old_conditions, cond.METRICS_AVAILABLE) is not metrics.status if metrics else False
+    moved = metrics is not None and not metrics.status and (old_metrics or {}).get("reason") != metrics.reason
+    if metrics is not None and (turned or moved):
         quiet = metrics.status or metrics.reason in cond.WAITING
         out.append(Event("Normal" if quiet else "Warning", metrics.reason, metrics.message))
     for event in result.events:

@@ -18,6 +18,7 @@ from tests.support.control import (
     DedicatedPrometheus,
     condition,
     create_plan,
+    events,
     get_plan,
     plan_manifest,
     published_plan,
@@ -166,7 +167,10 @@ def test_a_prometheus_that_lost_its_data_leaves_the_plan_in_effect_until_it_hold
         assert condition(obj, "Degraded")["status"] == "False"
         assert condition(obj, "Ready")["status"] == "True"
         assert obj["status"]["planVersion"] == version
+        assert obj["status"].get("observedKvHit") is None  # no figure from the last seconds alone
     assert published_plan(kube_api, namespace, "llama").routes() == routes  # type: ignore[union-attr]
+    # The wait is told, once, after the outage's failure.
+    assert [e.type for e in events(kube_api, namespace, "IncompleteWindow")] == ["Normal"]
     # Planned from again once Prometheus holds half the window, not before.
     planned_at = _epoch(seen[-1]["status"]["lastPeriodTime"])
     assert planned_at >= restarted + window / 2 - PERIOD - 2, planned_at - restarted

@@ -130,6 +130,17 @@ def test_metrics_available_turning_either_way_is_told() -> None:
     assert events_to_post(old, steady) == []
 
 
+def test_metrics_staying_unavailable_for_another_reason_is_told() -> None:
+    old = {"conditions": cond.merge(
+        [], [Finding(cond.METRICS_AVAILABLE, False, "PrometheusUnreachable")], generation=1, now=T0)}
+    back = PeriodResult("kept", 1, [Finding(cond.METRICS_AVAILABLE, False, cond.INCOMPLETE_WINDOW, "holds 5 s")])
+    (event,) = events_to_post(old, back)
+    # Prometheus answers again, but the wait for its window is no failure.
+    assert (event.kind, event.reason, event.message) == ("Normal", cond.INCOMPLETE_WINDOW, "holds 5 s")
+    same = PeriodResult("kept", 1, [Finding(cond.METRICS_AVAILABLE, False, "PrometheusUnreachable", "refused")])
+    assert events_to_post(old, same) == []
+
+
 def test_a_failure_that_is_also_metrics_turning_is_told_once() -> None:
     old = {"conditions": cond.merge([], [Finding(cond.METRICS_AVAILABLE, True, "MetricsRead")], generation=1, now=T0)}
     gone = PeriodResult("kept", 1, [Finding(cond.METRICS_AVAILABLE, False, cond.POOL_NOT_FOUND, "no pool")])
