@@ -43,7 +43,10 @@ from cacheroute.operator.control.metrics import PlanMetrics
 from cacheroute.operator.control.period import EventKind, PeriodResult, pct, seconds_text, verdict_text
 from cacheroute.operator.control.plans import check_payload, manual_plan, pinned_only, same_routing
 from cacheroute.operator.control.prometheus import (
+    REASON_ERROR,
     REASON_NOT_CONFIGURED,
+    REASON_TIMEOUT,
+    REASON_UNREACHABLE,
     MetricsReadError,
     PrometheusReader,
     WindowMetrics,
@@ -81,6 +84,11 @@ MIN_PERIOD_S = parse_duration(MIN_CONTROL_PERIOD)
 # refused because another one publishes its pool is retried as soon, to take the pool when freed.
 WAITING_RETRY_S = 15.0
 WAITING_REASONS = cond.WAITING | {cond.POOL_NOT_FOUND, cond.POOL_CLAIMED}
+# A period that could not read Prometheus is retried this soon (at most): a plan with an hour's
+# period would otherwise plan again an hour after Prometheus is back. One query round a minute
+# is no load on a Prometheus that is coming back.
+PROMETHEUS_RETRY_S = 60.0
+PROMETHEUS_FAILURES = frozenset({REASON_UNREACHABLE, REASON_TIMEOUT, REASON_ERROR})
 # How often, between periods, a plan compares its pool's destinations with the last period's.
 POOL_CHECK_S = 10.0
 # Router history missing from a window that is not counted as missing (see `_incomplete_window`).
@@ -197,6 +205,8 @@ class PlanLoop:
             period = MIN_PERIOD_S
         elif _waiting(status):
             period = min(period, WAITING_RETRY_S)
+        elif _prometheus_failed(status):
+            period = min(period, PROMETHEUS_RETRY_S)
         return max(0.0, last + period - self.clock())
 
     async def pool_changed(self, body: Mapping[str, Any]) -> bool:
@@ -803,6 +813,12 @@ def _not_judged(w: _Work, why: str) -> bool:
     )
     result.tell("Normal", cond.NO_TRAFFIC, message)
     return False
+
+
+def _prometheus_failed(status: Mapping[str, Any]) -> bool:
+    """The last period could not read Prometheus (down, hung, refusing)."""
+    metrics = cond.current(list(status.get("conditions") or []), cond.METRICS_AVAILABLE) or {}
+    return metrics.get("status") == "False" and metrics.get("reason") in PROMETHEUS_FAILURES
 
 
 def _waiting(status: Mapping[str, Any]) -> bool:

@@ -116,6 +116,20 @@ def test_a_plan_waiting_for_its_pool_or_for_traffic_is_retried_soon() -> None:
     assert lp.seconds_until_due(planned) == pytest.approx(280)
 
 
+def test_a_plan_that_could_not_read_prometheus_is_retried_within_a_minute() -> None:
+    t = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    lp = loop(Clock(t + 20))
+    for reason, due in (("PrometheusUnreachable", 40), ("PrometheusTimeout", 40), ("PrometheusError", 40),
+                        ("PrometheusNotConfigured", 3580)):
+        failed = body("2026-01-01T00:00:00Z", period="1h")
+        failed["status"]["conditions"] = [{"type": "MetricsAvailable", "status": "False", "reason": reason}]
+        # Back a minute after the last period, not an hour: a setting to fix is not retried sooner.
+        assert lp.seconds_until_due(failed) == pytest.approx(due), reason
+    short = body("2026-01-01T00:00:00Z", period="30s")
+    short["status"]["conditions"] = [{"type": "MetricsAvailable", "status": "False", "reason": "PrometheusTimeout"}]
+    assert lp.seconds_until_due(short) == pytest.approx(10)
+
+
 def test_metric_series_of_a_deleted_plan_go_away() -> None:
     m = PlanMetrics("ns-metrics", "gone")
     m.in_effect("p", "v1", 10)
