@@ -77,12 +77,12 @@ def events_to_post(
     )
     out: list[Event] = []
     metrics = result.finding(cond.METRICS_AVAILABLE)
-    old_metrics = cond.current(old_conditions, cond.METRICS_AVAILABLE)
-    # Told when it turns, and when it stays False for another reason (Prometheus back, but
-    # holding too little of the window: a wait after a failure).
-    turned = cond.is_true(old_conditions, cond.METRICS_AVAILABLE) is not metrics.status if metrics else False
-    moved = metrics is not None and not metrics.status and (old_metrics or {}).get("reason") != metrics.reason
-    if metrics is not None and (turned or moved):
+    old_metrics = cond.current(old_conditions, cond.METRICS_AVAILABLE) or {}
+    # Told when its status or its reason changes: turning either way, or staying False for another
+    # reason (Prometheus back, but holding too little of the window: a wait after a failure).
+    if metrics is not None and (old_metrics.get("status"), old_metrics.get("reason")) != (
+        "True" if metrics.status else "False", metrics.reason
+    ):
         quiet = metrics.status or metrics.reason in cond.WAITING
         out.append(Event("Normal" if quiet else "Warning", metrics.reason, metrics.message))
     for event in result.events:
