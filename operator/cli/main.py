@@ -11,6 +11,7 @@ import yaml
 from rich.console import Console
 
 from cacheroute.operator.api.crdgen import rendered_files, write_crds
+from cacheroute.operator.api.crossrefs import Located, pin_problems
 from cacheroute.operator.api.manifests import DuplicateKeyError, ManifestError, documents, parse_resource
 from cacheroute.operator.api.reference import crd_reference
 from cacheroute.operator.cli import chart as chart_commands
@@ -106,6 +107,7 @@ def validate(
     Exit status 2 when any file is unreadable, holds no document, or holds an invalid one.
     """
     failed = 0
+    parsed: list[Located] = []
     for path in files:
         try:
             text = sys.stdin.read() if str(path) == "-" else path.read_text("utf-8")
@@ -141,7 +143,16 @@ def validate(
                 failed += 1
                 report(f"invalid {exc}")
                 continue
-            console.print(f"[green]ok[/] {where}: {obj.kind} {obj.metadata.name or '(unnamed)'}", soft_wrap=True)
+            parsed.append(Located(where, obj))
+    # Pins are checked against the pools of every file given, so a plan and its pool may be apart.
+    problems = pin_problems(parsed)
+    for item in parsed:
+        what = f"{item.resource.kind} {item.resource.metadata.name or '(unnamed)'}"
+        if item.where in problems:
+            failed += 1
+            report(f"invalid {item.where}: {what}: {problems[item.where]}")
+        else:
+            console.print(f"[green]ok[/] {item.where}: {what}", soft_wrap=True)
     if failed:
         raise typer.Exit(USAGE)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from typer.testing import CliRunner
@@ -83,3 +84,62 @@ def test_validate_names_text_that_is_not_a_manifest(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", str(f)])
     assert result.exit_code == 2
     assert "stats.csv#0: not a manifest (an object with apiVersion, kind and metadata): a line of text" in result.output
+
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _manual_plan(destinations: list[str], namespace: str | None = None) -> dict[str, Any]:
+    plan: dict[str, Any] = yaml.safe_load((EXAMPLES / "plan-llama-8b-manual.yaml").read_text())
+    plan["spec"]["pinned"] = [
+        {"key": "tenant-a", "destinations": [destinations[0]]},
+        {"key": "tenant-b", "destinations": destinations},
+    ]
+    if namespace is not None:
+        plan["metadata"]["namespace"] = namespace
+    return plan
+
+
+def test_validate_refuses_pins_to_destinations_the_pool_given_beside_does_not_have(tmp_path: Path) -> None:
+    # The example pool has 4 replicas: llama-8b-0 to llama-8b-3.
+    pool = EXAMPLES / "pool-llama-8b-gie.yaml"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(_manual_plan(["llama-8b-3", "llama-8b-4", "llama-8b-7"])))
+    result = runner.invoke(app, ["validate", str(pool), str(plan)])
+    assert result.exit_code == 2
+    assert f"ok {pool}#0: InferencePool llama-8b" in result.stdout
+    assert (
+        "pinned key 'tenant-b' names llama-8b-4, which InferencePool llama-8b does not have "
+        "(4 replicas: llama-8b-0 to llama-8b-3) (1 more such destination(s) pinned)"
+    ) in result.output
+    assert "InvalidPinned" in result.output
+
+    plan.write_text(yaml.safe_dump(_manual_plan(["llama-8b-0", "llama-8b-3"])))
+    result = runner.invoke(app, ["validate", str(pool), str(plan)])
+    assert result.exit_code == 0, result.output
+    assert f"ok {plan}#0: AffinityPlan llama-8b" in result.stdout
+
+
+def test_validate_checks_pins_against_the_form_of_destination_ids_without_the_pool(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    # Without the pool its size is unknown: any ordinal passes, another pool's or a pod's name does not.
+    plan.write_text(yaml.safe_dump(_manual_plan(["llama-8b-9"])))
+    assert runner.invoke(app, ["validate", str(plan)]).exit_code == 0
+    for wrong in ("llama-70b-0", "llama-8b-router", "llama-8b-01", "10.0.0.7:8000"):
+        plan.write_text(yaml.safe_dump(_manual_plan([wrong])))
+        result = runner.invoke(app, ["validate", str(plan)])
+        assert result.exit_code == 2, wrong
+        assert f"names {wrong}, which is not a destination of InferencePool llama-8b" in result.output
+
+
+def test_validate_matches_a_plan_to_a_pool_of_its_namespace_only(tmp_path: Path) -> None:
+    pool = yaml.safe_load((EXAMPLES / "pool-llama-8b-gie.yaml").read_text())
+    pool["metadata"]["namespace"] = "team-a"
+    pool["spec"]["replicas"] = 1
+    files = tmp_path / "all.yaml"
+    files.write_text(yaml.safe_dump_all([pool, _manual_plan(["llama-8b-2"], namespace="team-b")]))
+    assert runner.invoke(app, ["validate", str(files)]).exit_code == 0
+    files.write_text(yaml.safe_dump_all([pool, _manual_plan(["llama-8b-2"], namespace="team-a")]))
+    result = runner.invoke(app, ["validate", str(files)])
+    assert result.exit_code == 2
+    assert "(1 replica: llama-8b-0)" in result.output

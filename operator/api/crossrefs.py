@@ -1,0 +1,82 @@
+"""Checks across manifests that no one object's schema can make.
+
+An AffinityPlan's pinned routes name destinations of the InferencePool it refers to
+(`<pool>-<ordinal>`). The operator refuses pins naming a destination the pool does not have
+(`InvalidPinned`, the plan in effect staying); `cacheroute validate` says so before the commit:
+against the pool's replicas when the pool is among the manifests it reads, else against the
+form of the pool's destination ids.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cacheroute.operator.api.plan import AffinityPlan
+from cacheroute.operator.api.pool import InferencePool
+
+
+@dataclass(frozen=True)
+class Located:
+    """A parsed manifest and where it was read (`file` or `file#N`)."""
+
+    where: str
+    resource: InferencePool | AffinityPlan
+
+
+def _same_namespace(a: str | None, b: str | None) -> bool:
+    # A manifest without a namespace lands in whichever one `kubectl -n` names.
+    return a is None or b is None or a == b
+
+
+def _pool_for(plan: AffinityPlan, pools: Sequence[InferencePool]) -> InferencePool | None:
+    name, namespace = plan.spec.pool_ref.name, plan.metadata.namespace
+    return next(
+        (p for p in pools if p.metadata.name == name and _same_namespace(p.metadata.namespace, namespace)),
+        None,
+    )
+
+
+def _replicas_text(pool: InferencePool, name: str) -> str:
+    n = pool.spec.replicas
+    if n == 0:
+        return "0 replicas"
+    if n == 1:
+        return f"1 replica: {name}-0"
+    return f"{n} replicas: {name}-0 to {name}-{n - 1}"
+
+
+def pin_problems(found: Sequence[Located]) -> dict[str, str]:
+    """For each AffinityPlan whose pinned routes name a destination its pool does not have: where
+    it was read, and what is wrong."""
+    pools = [x.resource for x in found if isinstance(x.resource, InferencePool)]
+    out: dict[str, str] = {}
+    for item in found:
+        plan = item.resource
+        if not isinstance(plan, AffinityPlan) or not plan.spec.pinned:
+            continue
+        name = plan.spec.pool_ref.name
+        pool = _pool_for(plan, pools)
+        if pool is not None:
+            known = {f"{name}-{i}" for i in range(pool.spec.replicas)}
+            why = f"which InferencePool {name} does not have ({_replicas_text(pool, name)})"
+        else:
+            form = re.compile(rf"{re.escape(name)}-(0|[1-9][0-9]*)")
+            known = None
+            why = f"which is not a destination of InferencePool {name} (its destinations are {name}-0, {name}-1, ...)"
+        bad = [
+            (pin.key, d)
+            for pin in plan.spec.pinned
+            for d in pin.destinations
+            if (d not in known if known is not None else form.fullmatch(d) is None)
+        ]
+        if not bad:
+            continue
+        key, destination = bad[0]
+        more = f" ({len(bad) - 1} more such destination(s) pinned)" if len(bad) > 1 else ""
+        out[item.where] = (
+            f"pinned key {key!r} names {destination}, {why}{more}; "
+            "the operator would refuse these pins (InvalidPinned) and keep the plan in effect"
+        )
+    return out
