@@ -4,7 +4,8 @@ Two formats, one row per key, with the columns `key, rate, prompt_tokens, prefix
 output_tokens` (rate in requests per second, the others mean tokens per request):
 
 - CSV with a header row (`.csv`, or any file whose first character is not `{`);
-- JSON lines, one object per line (`.jsonl`, `.ndjson`, `.json`, or a first character `{`).
+- JSON lines, one object per line (`.jsonl`, `.ndjson`, `.json`, or a first character `{`), keys
+  strings and numbers JSON numbers.
 
 A row whose key is empty (or null in JSON) describes the traffic that carries no key (its
 prefix_tokens is ignored); at most one such row.
@@ -81,7 +82,20 @@ def _jsonl_rows(text: str, source: str) -> Iterator[tuple[str, dict[str, object]
             raise StatsFileError(
                 f"{where}: missing field(s) {', '.join(['key', *missing] if 'key' not in obj else missing)}"
             )
+        _check_json_types(obj, where)
         yield where, obj
+
+
+def _check_json_types(obj: dict[str, object], where: str) -> None:
+    # JSON says what a value is: a quoted number or a numeric key is a mistake upstream, which CSV
+    # (all text) could not show.
+    key = obj["key"]
+    if key is not None and not isinstance(key, str):
+        raise StatsFileError(f"{where}: field 'key' must be a string (or null for unkeyed traffic), got {key!r}")
+    for c in _NUMERIC:
+        value = obj[c]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise StatsFileError(f"{where}: field {c!r} must be a JSON number, got {value!r}")
 
 
 def parse_stats(text: str, source: str = "<stats>", fmt: str | None = None) -> KeyStats:

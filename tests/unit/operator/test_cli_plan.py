@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -335,3 +336,22 @@ def test_the_table_counts_pinned_keys_that_had_no_traffic(stats_csv: Path) -> No
                        "--pool", "llama", "--pin", "vip=llama-1", "--pin", "alice=llama-0")
     assert code == 0, out
     assert "(2 pinned)" in out.split("share of requests")[0]  # the routed keys' row
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ('"key": "a", "rate": "1.5"', "field 'rate' must be a JSON number, got '1.5'"),
+        ('"key": "a", "rate": true', "field 'rate' must be a JSON number, got True"),
+        ('"key": "a", "rate": null', "field 'rate' must be a JSON number, got None"),
+        ('"key": 17, "rate": 1', "field 'key' must be a string (or null for unkeyed traffic), got 17"),
+        ('"key": ["a"], "rate": 1', "field 'key' must be a string"),
+    ],
+)
+def test_json_lines_stats_refuse_values_of_the_wrong_json_type(row: str, problem: str) -> None:
+    # A quoted rate or a numeric key comes from a broken exporter: CSV cannot tell, JSON can.
+    text = "{" + row + ', "prompt_tokens": 2, "prefix_tokens": 1, "output_tokens": 1}\n'
+    with pytest.raises(ValueError, match=re.escape(f"<stats> line 1: {problem}")):
+        parse_stats(text)
+    unkeyed = '{"key": null, "rate": 2, "prompt_tokens": 9.5, "prefix_tokens": 0, "output_tokens": 3}\n'
+    assert parse_stats(unkeyed).unkeyed.rate == 2
