@@ -231,6 +231,11 @@ def verdicts(
 
     if sts is None:
         out["Progressing"] = Verdict("True", "Creating", "creating the StatefulSet")
+    elif updating and not sts.settled:
+        # Its counts are of the previous spec until its controller takes the new one.
+        out["Progressing"] = Verdict(
+            "True", "Updating", "applying the new spec: the StatefulSet's controller has not taken it yet"
+        )
     elif updating:
         out["Progressing"] = Verdict(
             "True", "Updating", f"rolling out one replica at a time: {sts.updated_replicas}/{spec.replicas} updated"

@@ -120,6 +120,8 @@ def test_facts_read_before_the_new_spec_was_applied_do_not_say_the_rollout_is_co
     # The operator applied the new spec as generation 5: nothing has rolled yet.
     v = verdicts(SPEC, PLANNED, before.applied(5))
     assert (v["Progressing"].status, v["Progressing"].reason) == ("True", "Updating")
+    # Its updated count is the previous spec's: "3/3 updated" would say the rollout is done.
+    assert "3/3" not in v["Progressing"].message and "has not taken it yet" in v["Progressing"].message
     # Once the index shows generation 5 (or later), the facts speak for themselves.
     assert before.applied(4) is before and before.applied(0) is before
 
