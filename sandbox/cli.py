@@ -192,6 +192,7 @@ def status(
 @app.command(
     "emulator",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    options_metavar="MODEL [VLLM-FLAGS]...",
 )
 def emulator(ctx: typer.Context) -> None:
     """Serve `vllm serve ARGS...` with the vLLM emulator (127.0.0.1 unless --host); Ctrl-C stops it.
@@ -200,9 +201,14 @@ def emulator(ctx: typer.Context) -> None:
     """
     import os
 
-    from cacheroute.sandbox.emulator.args import EmulatorArgsError
+    from cacheroute.sandbox.emulator.args import EmulatorArgsError, flags_read
     from cacheroute.sandbox.emulator.host import serve_standalone
 
+    if any(arg in ("--help", "-h") for arg in ctx.args):
+        # vLLM's own flags pass through unparsed, so help is answered here.
+        typer.echo(ctx.get_help())
+        typer.echo("\nvLLM flags it reads (others are accepted and ignored): " + ", ".join(flags_read()))
+        return
     try:
         serve_standalone(list(ctx.args), os.environ)
     except EmulatorArgsError as exc:

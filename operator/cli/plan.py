@@ -433,12 +433,16 @@ def register(app: typer.Typer) -> None:
         prefill_s: Annotated[
             float,
             typer.Option(
-                "--prefill-s-per-token", min=0.0, max=1.0, help="Cost model: prefill seconds per prompt token."
+                "--prefill-s-per-token", min=0.0, max=1.0,
+                help="Cost model: prefill seconds per prompt token (default: Llama-3.3-70B FP8 on two H100s).",
             ),
         ] = CostModel.prefill_s_per_token,
         decode_s: Annotated[
             float,
-            typer.Option("--decode-s-per-token", min=0.0, max=1.0, help="Cost model: decode seconds per output token."),
+            typer.Option(
+                "--decode-s-per-token", min=0.0, max=1.0,
+                help="Cost model: decode seconds per output token (default: Llama-3.3-70B FP8 on two H100s).",
+            ),
         ] = CostModel.decode_s_per_token,
         host_copy_s: Annotated[
             float,

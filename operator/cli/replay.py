@@ -7,6 +7,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -381,7 +382,7 @@ def register(app: typer.Typer) -> None:
                     bar.update(runs, description=f"{name} at {q:g} QPS")
                     pol = make_policy(name, planner=planner, slo_p99_ttft_s=slo_p99_ttft)
                     res = replay_trace(tr.time_scaled(q / own), pol, cfg, progress=tick)
-                    m = summarize(res)
+                    m = replace(summarize(res), policy=name)  # a variant's metrics under the name asked for
                     rows.append({"policy": name, "qps": q, "metrics": m})
                     curves[name].append((q, m.ttft_p99_s))
                     hits.setdefault(name, []).append((q, m.kv_hit))

@@ -93,7 +93,7 @@ def find_capacity(
     name = name or make_policy().name
 
     def probe(qps: float) -> Probe:
-        m = replay_at(trace, qps, make_policy(), cfg)
+        m = replace(replay_at(trace, qps, make_policy(), cfg), policy=name)
         p = Probe(qps=qps, ttft_p99_s=m.ttft_p99_s, passed=(not m.aborted) and m.ttft_p99_s <= slo_p99_ttft_s,
                   metrics=m)
         probes.append(p)

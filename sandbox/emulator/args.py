@@ -185,6 +185,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flags_read() -> list[str]:
+    """The `vllm serve` flags the emulator acts on (others are accepted and ignored)."""
+    return [opt for action in _parser()._actions for opt in action.option_strings if opt.startswith("--")]
+
+
 def _normalise(argv: Sequence[str]) -> list[str]:
     """vLLM accepts `--flag_name` for `--flag-name`; argparse does not."""
     out = []

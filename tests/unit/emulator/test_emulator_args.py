@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from cacheroute.operator.cli.main import app
 from cacheroute.planner.memory import kv_layout, preset
 from cacheroute.planner.replay.hardware import DEFAULT_PROFILE, H100_LLAMA33_70B_FP8_TP2_FP8KV
 from cacheroute.sandbox.emulator.args import (
@@ -132,3 +134,11 @@ def test_entry_point_overrides_are_understood() -> None:
     ]
     with pytest.raises(EmulatorArgsError, match="does not start vLLM"):
         serve_arguments(["sleep"], ["10"])
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_names_the_vllm_flags_it_reads_instead_of_starting_a_server(flag: str) -> None:
+    result = CliRunner().invoke(app, ["sandbox", "emulator", flag])
+    assert result.exit_code == 0, result.output
+    assert "Usage: cacheroute sandbox emulator MODEL [VLLM-FLAGS]" in result.output
+    assert "--kv-cache-memory-bytes" in result.output and "--kv-offloading-size" in result.output

@@ -33,7 +33,7 @@ def test_replay_of_a_trace_writes_figures_json_and_plots(tmp_path: Path) -> None
     out = tmp_path / "out"
     res = runner.invoke(make_app(), [
         "replay", "--trace", str(ARXIV), "--key", "thread", "--destinations", "8",
-        "--policies", "p2c,prefix-tree,cacheroute", "--qps", "1,2", "--duration", "120", "--out", str(out),
+        "--policies", "p2c,prefix-tree,cacheroute-noplan", "--qps", "1,2", "--duration", "120", "--out", str(out),
     ])
     assert res.exit_code == 0, res.output
     assert "prefix-tree" in res.output and "KV hit" in res.output
@@ -41,9 +41,10 @@ def test_replay_of_a_trace_writes_figures_json_and_plots(tmp_path: Path) -> None
     assert report["input"]["key"] == "thread"
     assert [(r["policy"], r["qps"]) for r in report["results"]] == [
         ("p2c", 1.0), ("p2c", 2.0), ("prefix-tree", 1.0), ("prefix-tree", 2.0),
-        ("cacheroute", 1.0), ("cacheroute", 2.0),
+        ("cacheroute-noplan", 1.0), ("cacheroute-noplan", 2.0),
     ]
     for r in report["results"]:
+        assert r["metrics"]["policy"] == r["policy"]  # a variant's figures under the name asked for
         assert 0.0 <= r["metrics"]["kv_hit"] <= 1.0
         assert r["metrics"]["measured"] > 0
     for png in ("ttft_p99_vs_qps.png", "kv_hit.png"):
@@ -74,6 +75,7 @@ def test_a_trace_too_short_to_bound_the_capacity_reports_a_lower_bound_and_why(t
     results = json.loads((tmp_path / "replay.json").read_text())["results"]
     # Each result under the name it was asked by, not the name variants of one policy share.
     assert [r["policy"] for r in results] == ["gie-prefix", "cacheroute-noplan"]
+    assert [r["best"]["policy"] for r in results] == ["gie-prefix", "cacheroute-noplan"]
     cap = results[0]
     assert cap["bounded"] is False and 0 < cap["capacity_qps"] < 1_000  # not millions of requests a second
     assert ">= " in res.output and "not bounded by this trace" in res.output and "--duration" in res.output
