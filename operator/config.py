@@ -35,7 +35,8 @@ class EnvoySettings(_Model):
 
     failure_mode_allow: bool = Field(
         default=True,
-        description="When the picker does not answer, send the request to any ready engine instead of failing it.",
+        description="When the picker does not answer, send the request to any ready engine instead of failing it "
+        "(found through the pool's headless Service, by cluster DNS).",
     )
     message_timeout: str = Field(
         default="5s", pattern=r"^[0-9]+(ms|s)$", description="How long Envoy waits for each answer of the picker."
