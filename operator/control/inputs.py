@@ -106,6 +106,14 @@ def pool_destinations(pool: InferencePool, *, ready_only: bool) -> list[Destinat
     return sorted(found, key=lambda d: _ordinal_key(d.id))
 
 
+def no_destination_message(pool: InferencePool, name: str, *, ready_only: bool) -> str:
+    """Why a pool offers nothing to plan for: scaled to zero on purpose, or replicas not (yet) there."""
+    if pool.spec.replicas == 0:
+        return (f"InferencePool {name} is scaled to zero (spec.replicas is 0): nothing to plan for until it has "
+                "replicas again")
+    return f"InferencePool {name} " + ("has no ready destination" if ready_only else "lists no destination")
+
+
 def max_prompt_tokens(pool: InferencePool) -> int | None:
     """The longest prompt the pool's engines accept (their `--max-model-len`); None while no
     memory plan says it."""

@@ -358,7 +358,7 @@ class PlanLoop:
         result = w.result
         everyone = inputs.pool_destinations(w.pool, ready_only=False)
         if not everyone:
-            return _not_planned(result, cond.POOL_NOT_READY, f"InferencePool {w.pool_name} lists no destination")
+            return _no_destination(result, w, ready_only=False)
         if w.spec.prometheus.url or self.settings.prometheus_url:
             # For the observed KV hit only; read before the pins are checked, so that a period
             # refusing them still reports this window's MetricsAvailable, not an older one's.
@@ -423,7 +423,8 @@ class PlanLoop:
             # A hit ratio of the last seconds is no figure of the window.
             result.status["observedKvHit"] = None
             return False
-        reporting = f"{len(window.engines)} vLLM pods reporting"
+        # Counted over the window: a pod deleted within it still counts.
+        reporting = f"{len(window.engines)} vLLM pods reporting in the last {w.spec.metrics_window}"
         if keys:
             message = f"{window.total_requests:,.0f} requests, {len(window.keys):,} tracked keys; {reporting}"
         else:  # Manual reads the engines' KV hit only, not the routers' per-key counts
@@ -435,7 +436,7 @@ class PlanLoop:
         result = w.result
         ready = inputs.pool_destinations(w.pool, ready_only=True)
         if not ready:
-            return _not_planned(result, cond.POOL_NOT_READY, f"InferencePool {w.pool_name} has no ready destination")
+            return _no_destination(result, w, ready_only=True)
         # A pin to a replica the pool has but that is not ready is left out for the period; one to
         # a replica it does not have at all is a mistake in the spec, refused as in Manual.
         if _refused_pins(w, inputs.pool_destinations(w.pool, ready_only=False)):
@@ -739,7 +740,14 @@ def _share(x: float) -> float:
 
 
 def _unchanged(w: _Work) -> Finding:
-    return Finding(cond.APPLIED, True, cond.UNCHANGED, f"plan {w.current.version} already routes this way")
+    # The candidate's version differs from the plan in effect whenever its summary does (its
+    # figures, its time): name both, so that `Planned` and `Applied` read as one story.
+    payload = w.result.payload
+    if payload is not None and payload.version != w.current.version:
+        message = f"candidate {payload.version} routes as plan {w.current.version}, which stays in effect"
+    else:
+        message = f"plan {w.current.version} already routes this way"
+    return Finding(cond.APPLIED, True, cond.UNCHANGED, message)
 
 
 def _withdraws(w: _Work, verdict: GuardVerdict) -> bool:
@@ -895,6 +903,13 @@ def _pool_gone(result: PeriodResult, pool_name: str) -> PeriodResult:
     result.add(Finding(cond.APPLIED, False, cond.POOL_NOT_FOUND, message),
                Finding(cond.METRICS_AVAILABLE, False, cond.POOL_NOT_FOUND, message))
     return _not_planned(result, cond.POOL_NOT_FOUND, message)
+
+
+def _no_destination(result: PeriodResult, w: _Work, *, ready_only: bool) -> PeriodResult:
+    # No engine serves: the last window's KV hit is no figure of the pool as it is.
+    result.status["observedKvHit"] = None
+    return _not_planned(result, cond.POOL_NOT_READY, inputs.no_destination_message(w.pool, w.pool_name,
+                                                                                   ready_only=ready_only))
 
 
 def _not_planned(result: PeriodResult, reason: str, message: str) -> PeriodResult:

@@ -186,6 +186,43 @@ def test_a_scaled_pool_is_planned_for_within_seconds_not_a_control_period_later(
     assert "llama-2" in condition(get_plan(kube_api, namespace, "pins"), "Planned")["message"]
 
 
+def test_a_pool_scaled_to_zero_is_said_so_and_shows_no_kv_hit_until_it_serves_again(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    env.serving("llama", 30, WINDOW)
+    create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s",
+                                                    metricsWindow=f"{WINDOW}s", guard=GUARD_THROUGH_TIES))
+
+    def observed() -> bool:
+        return get_plan(kube_api, namespace, "llama").get("status", {}).get("observedKvHit") is not None
+
+    wait_for(observed, timeout=90, what="an observed KV hit")
+    # The same traffic period after period: each candidate routes as the plan in effect, and
+    # Applied names both versions (they differ: a candidate's summary carries its own time).
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "Unchanged",
+             timeout=60, what="Applied=True Unchanged")
+    obj = get_plan(kube_api, namespace, "llama")
+    assert condition(obj, "Applied")["message"] == (
+        f"candidate {obj['status']['candidateVersion']} routes as plan {obj['status']['planVersion']}, "
+        "which stays in effect"
+    )
+
+    env.scale("llama", 0)
+
+    def scaled() -> bool:
+        return "scaled to zero" in condition(get_plan(kube_api, namespace, "llama"), "Planned").get("message", "")
+
+    wait_for(scaled, timeout=60, what="Planned=False saying the pool is scaled to zero")
+    obj = get_plan(kube_api, namespace, "llama")
+    assert condition(obj, "Planned")["reason"] == "PoolNotReady"
+    assert condition(obj, "Degraded")["status"] == "False"  # asked for, not a fault
+    # No engine serves: the last window's hit ratio is not shown as the pool's.
+    assert obj["status"].get("observedKvHit") is None
+
+    env.scale("llama", 2)
+    wait_for(observed, timeout=90, what="the KV hit observed again")
+    assert condition(get_plan(kube_api, namespace, "llama"), "Planned")["status"] == "True"
+
+
 def test_two_auto_plans_created_together_publish_one_and_the_other_is_claimed(env: ControlEnv) -> None:
     kube_api, namespace = env.api, env.namespace
     env.serving("llama", 30, WINDOW)

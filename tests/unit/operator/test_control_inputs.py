@@ -133,6 +133,15 @@ def test_destinations_are_the_ready_ones_in_ordinal_order_with_kv_capacity() -> 
     assert unplanned.kv_capacity_tokens == 0
 
 
+def test_a_pool_scaled_to_zero_is_told_apart_from_one_whose_replicas_are_not_ready() -> None:
+    starting = pool([{"id": "p-0", "ready": False}])
+    assert not inputs.pool_destinations(starting, ready_only=True)
+    assert inputs.no_destination_message(starting, "p", ready_only=True) == "InferencePool p has no ready destination"
+    zero = starting.model_copy(update={"spec": starting.spec.model_copy(update={"replicas": 0})})
+    message = inputs.no_destination_message(zero, "p", ready_only=True)
+    assert "scaled to zero (spec.replicas is 0)" in message and "until it has replicas again" in message
+
+
 def test_destinations_carry_the_host_memory_tier_into_the_warm_budget() -> None:
     (d,) = inputs.pool_destinations(pool([{"id": "p-0", "ready": True}], host=1_468_006), ready_only=True)
     assert (d.kv_capacity_tokens, d.host_kv_capacity_tokens) == (123_456, 1_468_006)
