@@ -265,22 +265,51 @@ def _zipf_weights(keys: int, s: float) -> npt.NDArray[np.float64]:
     return np.asarray(w / w.sum(), dtype=np.float64)
 
 
-def _solve_zipf(keys: int, threads: int, top: int, share: float) -> float:
-    """Exponent such that the top keys carry `share` of threads in expectation, given one
-    guaranteed thread per key and the rest drawn by Zipf."""
-    extra = threads - keys
+_MAX_ZIPF_EXPONENT = 4.0
+
+
+def _top_share(keys: int, threads: int, top: int, s: float) -> float:
+    """The share of threads the `top` keys carry in expectation: one thread per key, the rest by Zipf(s)."""
+    w = _zipf_weights(keys, s)
+    return (top + (threads - keys) * float(w[:top].sum())) / threads
+
+
+def _most_keys(threads: int, top_fraction: float, share: float, keys: int) -> int:
+    """The most keys, below `keys`, whose top keys can carry `share` of `threads` (0 if none can)."""
+    def reachable(k: int) -> bool:
+        return _top_share(k, threads, _top_keys(k, top_fraction), _MAX_ZIPF_EXPONENT) >= share
+
+    lo, hi = 0, min(keys, threads + 1)  # reachable(lo) taken as true, reachable(hi) false
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if reachable(mid) else (lo, mid)
+    # The top count rounds up, so reachability is monotone only nearly: step down to one that is.
+    while lo > 0 and not reachable(lo):
+        lo -= 1
+    return lo
+
+
+def _top_keys(keys: int, top_fraction: float) -> int:
+    return max(1, math.ceil(top_fraction * keys))
+
+
+def _solve_zipf(keys: int, threads: int, top_fraction: float, share: float) -> float:
+    """Exponent such that the top keys (`top_fraction` of them) carry `share` of threads in
+    expectation, given one guaranteed thread per key and the rest drawn by Zipf."""
+    top = _top_keys(keys, top_fraction)
 
     def top_share(s: float) -> float:
-        w = _zipf_weights(keys, s)
-        return (top + extra * float(w[:top].sum())) / threads
+        return _top_share(keys, threads, top, s)
 
     if top_share(0.0) >= share:
         return 0.0
-    lo, hi = 0.0, 4.0
+    lo, hi = 0.0, _MAX_ZIPF_EXPONENT
     if top_share(hi) < share:
+        most = _most_keys(threads, top_fraction, share, keys)
+        fewer = f"at most {most:,} keys reach it" if most else "no key count reaches it"
         raise ValueError(
             f"cannot reach a top-key share of {share:.2f} with {keys} keys over {threads} threads; "
-            "lower the key count or raise qps x duration"
+            f"{fewer} at this qps x duration: lower the key count or raise qps x duration"
         )
     for _ in range(60):
         mid = 0.5 * (lo + hi)
@@ -296,13 +325,12 @@ def _draw_threads(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
     """Key rank, start time and planned turn count of every thread."""
     keys = spec.keys
-    top = max(1, math.ceil(spec.top_key_fraction * keys))
     if threads < keys:
         raise ValueError(
             f"workload {spec.name}: {threads} threads (qps x duration / requests per thread) cannot "
             f"cover {keys} keys with one thread each; raise qps x duration or lower keys"
         )
-    s = _solve_zipf(keys, threads, top, top_thread_share)
+    s = _solve_zipf(keys, threads, spec.top_key_fraction, top_thread_share)
     extra = rng.choice(keys, size=threads - keys, p=_zipf_weights(keys, s))
     rank = np.concatenate([np.arange(keys), extra])
     rng.shuffle(rank)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -79,6 +81,15 @@ def test_infeasible_specs_are_refused_with_the_reason() -> None:
         generate(_spec(keys=100, qps=1.0, duration_s=1000.0, top_key_request_share=0.9))
     with pytest.raises(ValueError, match="multi_turn_share"):
         _spec(multi_turn_share=1.5)
+
+
+def test_an_unreachable_top_key_share_names_a_key_count_that_reaches_it() -> None:
+    spec = replace(preset("cacheroute-paper"), keys=40, qps=4.0, duration_s=45.0)
+    with pytest.raises(ValueError, match=r"at most (\d+) keys reach it") as caught:
+        generate(spec)
+    most = int(re.search(r"at most (\d+) keys", str(caught.value)).group(1))  # type: ignore[union-attr]
+    assert 0 < most < 40
+    assert generate(replace(spec, keys=most)).trace.name  # the figure given is one that works
     with pytest.raises(ValueError, match="unknown workload"):
         preset("nope")
 
