@@ -10,7 +10,7 @@ form of the pool's destination ids.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cacheroute.operator.api.plan import AffinityPlan
@@ -47,6 +47,18 @@ def _replicas_text(pool: InferencePool, name: str) -> str:
     return f"{n} replicas: {name}-0 to {name}-{n - 1}"
 
 
+def _destination_check(name: str, pool: InferencePool | None) -> tuple[Callable[[str], bool], str]:
+    """Whether a destination id is one of the pool's, and what to say of one that is not: against
+    its replicas when its manifest is known, else against the form of its ids."""
+    if pool is not None:
+        ids = {f"{name}-{i}" for i in range(pool.spec.replicas)}
+        return ids.__contains__, f"which InferencePool {name} does not have ({_replicas_text(pool, name)})"
+    form = re.compile(rf"{re.escape(name)}-(0|[1-9][0-9]*)")
+    return (lambda d: form.fullmatch(d) is not None), (
+        f"which is not a destination of InferencePool {name} (its destinations are {name}-0, {name}-1, ...)"
+    )
+
+
 def pin_problems(found: Sequence[Located]) -> dict[str, str]:
     """For each AffinityPlan whose pinned routes name a destination its pool does not have: where
     it was read, and what is wrong."""
@@ -56,21 +68,8 @@ def pin_problems(found: Sequence[Located]) -> dict[str, str]:
         plan = item.resource
         if not isinstance(plan, AffinityPlan) or not plan.spec.pinned:
             continue
-        name = plan.spec.pool_ref.name
-        pool = _pool_for(plan, pools)
-        if pool is not None:
-            known = {f"{name}-{i}" for i in range(pool.spec.replicas)}
-            why = f"which InferencePool {name} does not have ({_replicas_text(pool, name)})"
-        else:
-            form = re.compile(rf"{re.escape(name)}-(0|[1-9][0-9]*)")
-            known = None
-            why = f"which is not a destination of InferencePool {name} (its destinations are {name}-0, {name}-1, ...)"
-        bad = [
-            (pin.key, d)
-            for pin in plan.spec.pinned
-            for d in pin.destinations
-            if (d not in known if known is not None else form.fullmatch(d) is None)
-        ]
+        fits, why = _destination_check(plan.spec.pool_ref.name, _pool_for(plan, pools))
+        bad = [(pin.key, d) for pin in plan.spec.pinned for d in pin.destinations if not fits(d)]
         if not bad:
             continue
         key, destination = bad[0]
