@@ -41,7 +41,14 @@ from cacheroute.operator.control.guard import plan_cost, routing_of, run_guard
 from cacheroute.operator.control.kube import ApiError, ControlApi
 from cacheroute.operator.control.metrics import PlanMetrics
 from cacheroute.operator.control.period import EventKind, PeriodResult, pct, seconds_text, verdict_text
-from cacheroute.operator.control.plans import check_payload, manual_plan, pinned_only, same_routing
+from cacheroute.operator.control.plans import (
+    check_payload,
+    manual_plan,
+    pinned_only,
+    pinned_plan,
+    pins_alone,
+    same_routing,
+)
 from cacheroute.operator.control.prometheus import (
     REASON_ERROR,
     REASON_NOT_CONFIGURED,
@@ -444,6 +451,10 @@ class PlanLoop:
         if not await self._observe(w, keys=True):
             why = result.finding(cond.METRICS_AVAILABLE)
             assert why is not None
+            if w.spec.mode == "Auto" and w.spec.pinned and pins_alone(w.current.plan):
+                # Pins do not wait for traffic: a new plan from Git routes them from its first period.
+                await self._publish_pins(w, ready, why.message)
+            # Added after the pins' findings, so that these say why the period planned nothing more.
             result.add(Finding(cond.PLANNED, False, cond.METRICS_UNAVAILABLE, why.message),
                        Finding(cond.DEGRADED, why.reason not in cond.WAITING, why.reason, why.message))
             return result
@@ -568,6 +579,28 @@ class PlanLoop:
         p99 = verdict.candidate.ttft_p99_s
         figures["predictedP99TtftSeconds"] = p99 if math.isfinite(p99) else None
         return verdict.passed or w.spec.mode == "Shadow"
+
+    async def _publish_pins(self, w: _Work, ready: list[Destination], unavailable: str) -> None:
+        """Publish `spec.pinned` alone (on ready destinations) while no window can be planned from."""
+        pins, notes = inputs.pinned_routes(w.spec, ready)
+        if not pins:
+            return
+        reason = f"{len(pins)} pinned routes from spec.pinned alone: nothing to plan the rest from ({unavailable})"
+        try:
+            plan = pinned_plan(
+                pins, ready, pool=w.pool_name, generated_at=iso(w.result.evaluated_at),
+                key_extraction=inputs.key_extraction(w.pool), spill_threshold=w.pool.spec.router.spill_threshold,
+                reason=reason,
+            )
+        except PlanError as exc:
+            _not_planned(w.result, cond.INVALID_PLAN, str(exc))
+            return
+        figures: dict[str, Any] = dict.fromkeys(
+            ("coveredRequestShare", "churn", "forcedChurn", "predictedKvHit", "predictedP99TtftSeconds")
+        )
+        figures["admittedKeys"] = len(plan)
+        judged = "; ".join(["pinned routes alone, not replayed (no window to plan from yet)", *notes])
+        await self._apply(w, plan, figures, judged=judged)
 
     async def _withdraw(self, w: _Work, verdict: GuardVerdict, figures: dict[str, Any]) -> PeriodResult:
         """Publish the candidate's pinned routes alone: the plan in effect and the candidate both

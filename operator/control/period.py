@@ -47,7 +47,8 @@ class PeriodResult:
     empty_in_effect: str | None = None
 
     def finding(self, type_: str) -> Finding | None:
-        return next((f for f in self.findings if f.type == type_), None)
+        """The last finding of `type_`: the one its condition ends up with (`conditions.merge`)."""
+        return next((f for f in reversed(self.findings) if f.type == type_), None)
 
     def add(self, *findings: Finding) -> None:
         self.findings.extend(findings)

@@ -3,7 +3,7 @@ check that a payload decodes back to the plan it encodes before any router can r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -23,13 +23,32 @@ def manual_plan(
     spill_threshold: float,
 ) -> Plan:
     """Exactly the pinned routes of `spec`, keys hashed (never in clear)."""
-    routes = {affinity_key_hash(p.key): list(p.destinations) for p in spec.pinned}
-    if len(routes) != len(spec.pinned):
-        raise PlanError("two pinned keys share one affinity hash; rename one of them")
-    summary = PlanSummary(
-        admitted_keys=len(routes),
-        reason=f"{len(routes)} pinned routes from spec.pinned (mode Manual)",
+    return pinned_plan(
+        {p.key: list(p.destinations) for p in spec.pinned},
+        destinations,
+        pool=pool,
+        generated_at=generated_at,
+        key_extraction=key_extraction,
+        spill_threshold=spill_threshold,
+        reason=f"{len(spec.pinned)} pinned routes from spec.pinned (mode Manual)",
     )
+
+
+def pinned_plan(
+    pins: Mapping[str, Sequence[str]],
+    destinations: Sequence[Destination],
+    *,
+    pool: str,
+    generated_at: str,
+    key_extraction: KeyExtraction,
+    spill_threshold: float,
+    reason: str,
+) -> Plan:
+    """A plan of these pinned routes alone (clear key -> destination ids), keys hashed."""
+    routes = {affinity_key_hash(key): list(ids) for key, ids in pins.items()}
+    if len(routes) != len(pins):
+        raise PlanError("two pinned keys share one affinity hash; rename one of them")
+    summary = PlanSummary(admitted_keys=len(routes), reason=reason)
     return _plan_from_routes(
         pool,
         destinations,
@@ -80,6 +99,11 @@ def check_payload(plan: Plan, payload: PlanPayload) -> None:
     decoded = decode_plan(payload.files)
     if not same_routing(plan, decoded):
         raise PlanError(f"plan {payload.version} does not decode back to the routes it encodes")
+
+
+def pins_alone(plan: Plan | None) -> bool:
+    """Whether `plan` routes no key but pinned ones (or none): replacing it loses no computed route."""
+    return plan is None or len(plan.pinned_keys) == len(plan)
 
 
 def pinned_only(plan: Plan, reason: str) -> Plan:

@@ -186,6 +186,45 @@ def test_a_scaled_pool_is_planned_for_within_seconds_not_a_control_period_later(
     assert "llama-2" in condition(get_plan(kube_api, namespace, "pins"), "Planned")["message"]
 
 
+def test_an_auto_plan_publishes_its_pins_before_there_is_traffic_to_plan_from(env: ControlEnv) -> None:
+    kube_api, namespace = env.api, env.namespace
+    env.operator(prometheus_url=env.prometheus_url)  # no router has sent a request: NoTraffic
+    env.pool("llama")
+    pins = {"tenant-a": ("llama-1",), "tenant-b": ("llama-0", "llama-1")}
+    pinned = [{"key": k, "destinations": list(v)} for k, v in pins.items()]
+    create_plan(kube_api, namespace, plan_manifest("llama", "llama", controlPeriod="2s",
+                                                    metricsWindow=f"{WINDOW}s", pinned=pinned))
+
+    def published() -> bool:
+        plan = published_plan(kube_api, namespace, "llama")
+        return plan is not None and plan.routes() == {affinity_key_hash(k): v for k, v in pins.items()}
+
+    wait_for(published, timeout=90, what="the pins published without traffic")
+    # The status follows the publication within the period.
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("status") == "True",
+             timeout=30, what="Applied=True")
+    obj = get_plan(kube_api, namespace, "llama")
+    plan = published_plan(kube_api, namespace, "llama")
+    assert plan is not None and set(plan.pinned_keys.tolist()) == {affinity_key_hash(k) for k in pins}
+    assert obj["status"]["admittedKeys"] == 2
+    # The period planned nothing more, and says why; the pins are in effect, and it is a wait.
+    assert (condition(obj, "Planned")["status"], condition(obj, "Planned")["reason"]) == (
+        "False", "MetricsUnavailable")
+    assert (condition(obj, "Degraded")["status"], condition(obj, "Degraded")["reason"]) == ("False", "NoTraffic")
+    assert condition(obj, "Applied")["status"] == "True"  # PlanApplied, then Unchanged
+    (applied,) = events(kube_api, namespace, "PlanApplied")
+    assert "pinned routes alone, not replayed (no window to plan from yet)" in applied.message
+    assert condition(obj, "Ready")["reason"] == "PlanInEffect"
+
+    # A pin edited while there is still no traffic: the pins alone are published again.
+    pins = {"tenant-a": ("llama-0",)}
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "llama",
+        {"spec": {"pinned": [{"key": "tenant-a", "destinations": ["llama-0"]}]}},
+    )
+    wait_for(published, timeout=60, what="the edited pins published")
+
+
 def test_a_pool_scaled_to_zero_is_said_so_and_shows_no_kv_hit_until_it_serves_again(env: ControlEnv) -> None:
     kube_api, namespace = env.api, env.namespace
     env.serving("llama", 30, WINDOW)
