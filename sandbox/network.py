@@ -88,10 +88,24 @@ def isolated() -> bool:
     """Whether this process runs in the private network namespace that `isolate` made.
 
     `isolate` records the namespace's inode in the environment; a process that inherited the
-    variable but runs in another namespace (the machine's) does not match it.
+    variable but runs in another namespace (the machine's) does not match it. A process that
+    entered such a namespace without the variable (`nsenter -t PID -n`) is in one as well when the
+    namespace is as `isolate` makes them: loopback its only interface (nothing in it reaches
+    another machine), the pod network already routed to it.
     """
     marker = os.environ.get(ISOLATED_ENV)
-    return bool(marker) and marker == _namespace_id()
+    if marker:
+        return marker == _namespace_id()
+    return _loopback_only() and _routed_locally(LOCAL_NETWORK)
+
+
+def _loopback_only() -> bool:
+    try:
+        result = _ip("-o", "link", "show")
+    except (OSError, subprocess.SubprocessError):
+        return False
+    names = [line.split(":")[1].strip() for line in result.stdout.splitlines() if line.count(":") >= 2]
+    return result.returncode == 0 and names == ["lo"]
 
 
 def _add_route() -> str | None:
