@@ -3,8 +3,8 @@
 An AffinityPlan's pinned routes name destinations of the InferencePool it refers to
 (`<pool>-<ordinal>`). The operator refuses pins naming a destination the pool does not have
 (`InvalidPinned`, the plan in effect staying); `cacheroute validate` says so before the commit:
-against the pool's replicas when the pool is among the manifests it reads, else against the
-form of the pool's destination ids.
+against the pool's replicas when the pool is among the manifests it reads (once), else against
+the form of the pool's destination ids, with a note saying why.
 """
 
 from __future__ import annotations
@@ -30,12 +30,9 @@ def _same_namespace(a: str | None, b: str | None) -> bool:
     return a is None or b is None or a == b
 
 
-def _pool_for(plan: AffinityPlan, pools: Sequence[InferencePool]) -> InferencePool | None:
+def _pools_for(plan: AffinityPlan, pools: Sequence[tuple[str, InferencePool]]) -> list[tuple[str, InferencePool]]:
     name, namespace = plan.spec.pool_ref.name, plan.metadata.namespace
-    return next(
-        (p for p in pools if p.metadata.name == name and _same_namespace(p.metadata.namespace, namespace)),
-        None,
-    )
+    return [p for p in pools if p[1].metadata.name == name and _same_namespace(p[1].metadata.namespace, namespace)]
 
 
 def _replicas_text(pool: InferencePool, name: str) -> str:
@@ -59,23 +56,43 @@ def _destination_check(name: str, pool: InferencePool | None) -> tuple[Callable[
     )
 
 
-def pin_problems(found: Sequence[Located]) -> dict[str, str]:
-    """For each AffinityPlan whose pinned routes name a destination its pool does not have: where
-    it was read, and what is wrong."""
-    pools = [x.resource for x in found if isinstance(x.resource, InferencePool)]
-    out: dict[str, str] = {}
+@dataclass(frozen=True)
+class PinCheck:
+    """`problems`: where each plan whose pins the operator would refuse was read, and why.
+    `notes`: what the check could not do (the pool not given, or given twice), plan by plan."""
+
+    problems: dict[str, str]
+    notes: dict[str, str]
+
+
+def check_pins(found: Sequence[Located]) -> PinCheck:
+    """Every AffinityPlan's pinned destinations against its InferencePool among `found`."""
+    pools = [(x.where, x.resource) for x in found if isinstance(x.resource, InferencePool)]
+    problems: dict[str, str] = {}
+    notes: dict[str, str] = {}
     for item in found:
         plan = item.resource
         if not isinstance(plan, AffinityPlan) or not plan.spec.pinned:
             continue
-        fits, why = _destination_check(plan.spec.pool_ref.name, _pool_for(plan, pools))
+        name = plan.spec.pool_ref.name
+        candidates = _pools_for(plan, pools)
+        pool = candidates[0][1] if len(candidates) == 1 else None
+        if len(candidates) > 1:
+            notes[item.where] = (
+                f"InferencePool {name} is given {len(candidates)} times "
+                f"({', '.join(where for where, _ in candidates)}; a manifest without a namespace may be any): "
+                "pins checked by the form of its destination ids only"
+            )
+        elif pools and pool is None:
+            notes[item.where] = f"InferencePool {name} is not among the files: pins checked by the form of its ids only"
+        fits, why = _destination_check(name, pool)
         bad = [(pin.key, d) for pin in plan.spec.pinned for d in pin.destinations if not fits(d)]
         if not bad:
             continue
         key, destination = bad[0]
         more = f" ({len(bad) - 1} more such destination(s) pinned)" if len(bad) > 1 else ""
-        out[item.where] = (
+        problems[item.where] = (
             f"pinned key {key!r} names {destination}, {why}{more}; "
             "the operator would refuse these pins (InvalidPinned) and keep the plan in effect"
         )
-    return out
+    return PinCheck(problems, notes)

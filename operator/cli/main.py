@@ -11,7 +11,7 @@ import yaml
 from rich.console import Console
 
 from cacheroute.operator.api.crdgen import rendered_files, write_crds
-from cacheroute.operator.api.crossrefs import Located, pin_problems
+from cacheroute.operator.api.crossrefs import Located, check_pins
 from cacheroute.operator.api.manifests import DuplicateKeyError, ManifestError, documents, parse_resource
 from cacheroute.operator.api.reference import crd_reference
 from cacheroute.operator.cli import chart as chart_commands
@@ -145,14 +145,16 @@ def validate(
                 continue
             parsed.append(Located(where, obj))
     # Pins are checked against the pools of every file given, so a plan and its pool may be apart.
-    problems = pin_problems(parsed)
+    pins = check_pins(parsed)
     for item in parsed:
         what = f"{item.resource.kind} {item.resource.metadata.name or '(unnamed)'}"
-        if item.where in problems:
+        if item.where in pins.problems:
             failed += 1
-            report(f"invalid {item.where}: {what}: {problems[item.where]}")
+            report(f"invalid {item.where}: {what}: {pins.problems[item.where]}")
         else:
             console.print(f"[green]ok[/] {item.where}: {what}", soft_wrap=True)
+        if item.where in pins.notes:
+            console.print(f"[yellow]note:[/] {item.where}: {pins.notes[item.where]}", soft_wrap=True)
     if failed:
         raise typer.Exit(USAGE)
 

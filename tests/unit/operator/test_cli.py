@@ -143,3 +143,22 @@ def test_validate_matches_a_plan_to_a_pool_of_its_namespace_only(tmp_path: Path)
     result = runner.invoke(app, ["validate", str(files)])
     assert result.exit_code == 2
     assert "(1 replica: llama-8b-0)" in result.output
+
+
+def test_validate_says_when_it_could_not_check_pins_against_the_pool(tmp_path: Path) -> None:
+    pool = yaml.safe_load((EXAMPLES / "pool-llama-8b-gie.yaml").read_text())
+    small = {**pool, "spec": {**pool["spec"], "replicas": 3}}
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(_manual_plan(["llama-8b-3"])))
+    # Two pools of that name (neither with a namespace): the result must not hang on file order.
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(yaml.safe_dump_all([pool, small]))
+    result = runner.invoke(app, ["validate", str(pools), str(plan)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert f"note: {plan}#0: InferencePool llama-8b is given 2 times ({pools}#0, {pools}#1;" in result.stdout
+    # Another pool given, not this plan's.
+    other = yaml.safe_load((EXAMPLES / "pool-llama-70b-fp8.yaml").read_text())
+    pools.write_text(yaml.safe_dump(other))
+    result = runner.invoke(app, ["validate", str(pools), str(plan)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0
+    assert "InferencePool llama-8b is not among the files: pins checked by the form of its ids only" in result.stdout
