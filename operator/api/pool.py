@@ -291,6 +291,9 @@ class InferencePool(ApiModel):
     crd_printer_columns: ClassVar[tuple[dict[str, Any], ...]] = (
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+        # A pool can serve (Ready) and still be degraded (GIENotInstalled, a replica failing).
+        {"name": "Degraded", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Degraded")].reason',
+         "description": "AsExpected, or what degrades the pool"},
         {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "TP", "type": "integer", "jsonPath": ".spec.tensorParallelSize"},

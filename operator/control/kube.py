@@ -34,6 +34,11 @@ def _fail(what: str, exc: Any) -> ApiError:
     return ApiError(f"{what} failed: {status or ''} {reason}".replace("  ", " ").strip())
 
 
+def namespace_terminating(exc: object) -> bool:
+    """Whether the API server refused a create because the namespace is being deleted."""
+    return getattr(exc, "status", None) == 403 and "NamespaceTerminating" in str(getattr(exc, "body", "") or "")
+
+
 def default_api_client() -> Any:
     """An API client: in-cluster credentials, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
     from kubernetes import client, config
@@ -187,4 +192,8 @@ class ControlApi:
         try:
             self.core.create_namespaced_event(namespace, body)
         except (self._exception, HTTPError, OSError) as exc:
+            if namespace_terminating(exc):
+                # Its objects are going too: nobody will read the Event, and nothing is wrong.
+                log.info("%s Event %s not posted: namespace %s is being deleted", kind, reason, namespace)
+                return
             log.warning("%s Event %s (%s) not posted: %s", kind, reason, message, _fail("posting it", exc))

@@ -148,14 +148,34 @@ def test_kubectl_get_shows_a_plans_readiness_and_what_degrades_it(
         GROUP, VERSION, namespace, "affinityplans", "shown",
         {"status": {"conditions": conditions, "planVersion": "0123456789abcdef", "observedKvHit": 0.6612}},
     )
-    # What `kubectl get aplan` prints: the API server's Table rendering of the CRD's columns.
-    answer = kube_api.call_api(
-        f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/affinityplans/shown", "GET",
-        header_params={"Accept": "application/json;as=Table;g=meta.k8s.io;v=v1"},
-        response_type="object", _return_http_data_only=True,
-    )
-    columns = [c["name"] for c in answer["columnDefinitions"]]
-    row = dict(zip(columns, answer["rows"][0]["cells"], strict=True))
+    row = table_row(kube_api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/affinityplans/shown")
     assert (row["Ready"], row["Degraded"], row["Plan"], row["KV hit"]) == (
         "True", "PrometheusUnreachable", "0123456789abcdef", 0.6612
     )
+
+
+def test_kubectl_get_shows_a_pool_that_serves_and_what_degrades_it(
+    crds: list[dict[str, Any]], kube_api: Any, namespace: str
+) -> None:
+    api = client.CustomObjectsApi(kube_api)
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, pool("served", 2))
+    stamp = "2026-12-05T10:00:00Z"
+    conditions = [
+        {"type": kind, "status": status, "reason": reason, "message": "", "lastTransitionTime": stamp}
+        for kind, status, reason in (("Ready", "True", "Ready"), ("Degraded", "True", "GIENotInstalled"))
+    ]
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "served", {"status": {"conditions": conditions, "readyReplicas": 1}},
+    )
+    row = table_row(kube_api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/served")
+    assert (row["Ready"], row["Reason"], row["Degraded"], row["Available"]) == ("True", "Ready", "GIENotInstalled", 1)
+
+
+def table_row(kube_api: Any, path: str) -> dict[str, Any]:
+    """What `kubectl get` prints for one object: the API server's Table rendering of the CRD's columns."""
+    answer = kube_api.call_api(
+        path, "GET", header_params={"Accept": "application/json;as=Table;g=meta.k8s.io;v=v1"},
+        response_type="object", _return_http_data_only=True,
+    )
+    columns = [c["name"] for c in answer["columnDefinitions"]]
+    return dict(zip(columns, answer["rows"][0]["cells"], strict=True))
