@@ -498,8 +498,11 @@ class PlanLoop:
             result.status.update(figures)
             passed = result.verdict is None or result.verdict.passed
             judged = verdict_text(result.verdict)
-            would = "would apply" if passed else "would not apply"
-            message = f"mode Shadow: {would} candidate {payload.version} ({judged})"
+            if same_routing(candidate, previous):
+                would = f"would keep plan {w.current.version} in effect, which candidate {payload.version} routes as"
+            else:
+                would = f"{'would apply' if passed else 'would not apply'} candidate {payload.version}"
+            message = f"mode Shadow: {would} ({judged})"
             result.add(Finding(cond.APPLIED, False, cond.SHADOW_MODE, message),
                        Finding(cond.DEGRADED, False, cond.AS_EXPECTED))
             result.tell("Normal", SHADOW_PLANNED, message)

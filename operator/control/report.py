@@ -27,7 +27,11 @@ def ready_finding(mode: str, result: PeriodResult, plan_version: str | None) -> 
     if mode == "Shadow":
         planned = result.finding(cond.PLANNED)
         if planned is not None and planned.status:
-            return Finding(cond.READY, True, cond.REPORTING, "the last period reported a candidate")
+            message = "the last period reported a candidate"
+            if plan_version and plan_version != result.empty_in_effect:
+                # Published before the switch to Shadow: it still routes, and Shadow changes nothing.
+                message += f"; plan {plan_version} stays in effect (Shadow publishes nothing)"
+            return Finding(cond.READY, True, cond.REPORTING, message)
         if planned is not None:
             return Finding(cond.READY, False, planned.reason, planned.message)
         return Finding(cond.READY, False, cond.NO_PLAN, "no period has reported yet")

@@ -244,6 +244,18 @@ def test_a_pool_scaled_to_zero_is_said_so_and_shows_no_kv_hit_until_it_serves_ag
         f"candidate {obj['status']['candidateVersion']} routes as plan {obj['status']['planVersion']}, "
         "which stays in effect"
     )
+    # In Shadow the same candidates are reported as keeping that plan, which still routes.
+    version = obj["status"]["planVersion"]
+    client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+        "cacheroute.dev", "v1alpha1", namespace, "affinityplans", "llama", {"spec": {"mode": "Shadow"}}
+    )
+    wait_for(lambda: condition(get_plan(kube_api, namespace, "llama"), "Applied").get("reason") == "ShadowMode",
+             timeout=60, what="Applied=False ShadowMode")
+    obj = get_plan(kube_api, namespace, "llama")
+    assert condition(obj, "Applied")["message"].startswith(
+        f"mode Shadow: would keep plan {version} in effect, which candidate {obj['status']['candidateVersion']} "
+        "routes as")
+    assert f"plan {version} stays in effect" in condition(obj, "Ready")["message"]
 
     env.scale("llama", 0)
 

@@ -74,6 +74,19 @@ def test_shadow_is_ready_when_it_reported_a_candidate() -> None:
     assert (ready["status"], ready["reason"]) == ("False", "PoolNotReady")
 
 
+def test_shadow_says_which_plan_still_routes() -> None:
+    # Switched from Auto to Shadow: the plan Auto published stays in the ConfigMaps and routes.
+    after_auto = PeriodResult("shadow", 1, [Finding(cond.PLANNED, True, "PlanComputed")])
+    status = new_status({"planVersion": "a1"}, after_auto, mode="Shadow", generation=None, now=2)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == (
+        "the last period reported a candidate; plan a1 stays in effect (Shadow publishes nothing)")
+    fresh = PeriodResult("shadow", 1, [Finding(cond.PLANNED, True, "PlanComputed")], empty_in_effect="e0")
+    status = new_status({"planVersion": "e0"}, fresh, mode="Shadow", generation=None, now=2)
+    assert next(c for c in status["conditions"] if c["type"] == "Ready")["message"] == (
+        "the last period reported a candidate")
+
+
 def test_events_skip_repeats_of_a_failure_and_of_a_judged_candidate() -> None:
     old = {
         "candidateVersion": "v2",
