@@ -34,9 +34,9 @@ class Refused:
     def describe(self, max_prompt_tokens: int) -> str:
         who = [f"{self.keys:,} key(s)"] if self.keys else []
         who += ["keyless traffic"] if self.keyless else []
-        return (f"left out {' and '.join(who)} ({self.rate:.3g} request(s)/s) whose prompts, "
-                f"{self.longest_prompt_tokens:,.0f} tokens on average at most, are longer than the model's length "
-                f"({max_prompt_tokens:,} tokens): a server refuses them")
+        return (f"left out {' and '.join(who)} ({self.rate:.3g} request(s)/s) whose mean prompt is longer than "
+                f"the model's length ({max_prompt_tokens:,} tokens; the longest mean "
+                f"{self.longest_prompt_tokens:,.0f}): a server refuses them")
 
 
 def without_refused(stats: KeyStats, max_prompt_tokens: int) -> tuple[KeyStats, Refused]:

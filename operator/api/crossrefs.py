@@ -83,7 +83,7 @@ def check_pins(found: Sequence[Located]) -> PinCheck:
                 f"({', '.join(where for where, _ in candidates)}; a manifest without a namespace may be any): "
                 "pins checked by the form of its destination ids only"
             )
-        elif pools and pool is None:
+        elif pool is None:
             notes[item.where] = f"InferencePool {name} is not among the files: pins checked by the form of its ids only"
         fits, why = _destination_check(name, pool)
         bad = [(pin.key, d) for pin in plan.spec.pinned for d in pin.destinations if not fits(d)]

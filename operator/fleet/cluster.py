@@ -18,11 +18,18 @@ from cacheroute.operator.fleet.names import FIELD_MANAGER
 
 
 class KubeError(RuntimeError):
-    """An API call failed; `status` is the HTTP status (0 when the server was not reached)."""
+    """An API call failed; `status` is the HTTP status (0 when the server was not reached),
+    `causes` the reasons the server's answer details (`NamespaceTerminating`, ...)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, causes: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.status = status
+        self.causes = causes
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """Refused because the namespace is being deleted: its objects are going too."""
+        return self.status == 403 and "NamespaceTerminating" in self.causes
 
 
 @dataclass(frozen=True)
@@ -64,12 +71,16 @@ def _error(exc: Exception) -> KubeError:
     status = int(getattr(exc, "status", 0) or 0)
     body = getattr(exc, "body", None)
     message = str(exc)
+    causes: tuple[str, ...] = ()
     if body:
         try:
-            message = json.loads(body).get("message", message)
+            answer = json.loads(body)
+            message = answer.get("message", message)
+            details = answer.get("details") or {}
+            causes = tuple(str(c.get("reason", "")) for c in details.get("causes") or [] if isinstance(c, dict))
         except (ValueError, AttributeError):
             message = str(body)[:500]
-    return KubeError(status, message)
+    return KubeError(status, message, causes)
 
 
 class Cluster:

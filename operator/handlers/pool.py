@@ -25,6 +25,7 @@ from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.context import current
 from cacheroute.operator.control.kube import ControlApi
 from cacheroute.operator.fleet import names
+from cacheroute.operator.fleet.cluster import KubeError
 from cacheroute.operator.fleet.reconcile import EventType, PoolMemory, Reconciler
 from cacheroute.operator.fleet.status import FleetFacts, PodFacts, WorkloadFacts, pod_facts, workload_facts
 from cacheroute.operator.handlers import events as handler_events
@@ -238,6 +239,11 @@ async def pool_status(*, stopped: Any, body: Any, memo: Any, logger: Any, **kwar
             full = repair or time.monotonic() - float(memo["last_full"]) >= CTX.resync_seconds
             try:
                 await _pass(body=body, memo=memo, logger=logger, indexes=kwargs, full=full)
+            except KubeError as exc:
+                if exc.namespace_terminating:  # the pool goes with its namespace: nothing is wrong
+                    logger.info(f"status pass skipped: namespace {key[0]} is being deleted")
+                else:
+                    logger.error(f"status pass failed: {exc}")
             except Exception as exc:  # the next change or tick tries again
                 logger.error(f"status pass failed: {exc}")
     finally:

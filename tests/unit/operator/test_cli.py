@@ -124,7 +124,9 @@ def test_validate_checks_pins_against_the_form_of_destination_ids_without_the_po
     plan = tmp_path / "plan.yaml"
     # Without the pool its size is unknown: any ordinal passes, another pool's or a pod's name does not.
     plan.write_text(yaml.safe_dump(_manual_plan(["llama-8b-9"])))
-    assert runner.invoke(app, ["validate", str(plan)]).exit_code == 0
+    alone = runner.invoke(app, ["validate", str(plan)], env={"COLUMNS": "300"})
+    assert alone.exit_code == 0
+    assert "InferencePool llama-8b is not among the files: pins checked by the form of its ids only" in alone.stdout
     for wrong in ("llama-70b-0", "llama-8b-router", "llama-8b-01", "10.0.0.7:8000"):
         plan.write_text(yaml.safe_dump(_manual_plan([wrong])))
         result = runner.invoke(app, ["validate", str(plan)])

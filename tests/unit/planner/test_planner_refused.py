@@ -38,8 +38,8 @@ def test_keys_whose_prompts_are_longer_than_the_model_are_left_out_and_said() ->
     assert kept.unkeyed == _stats().unkeyed and kept.window_s == 300.0
     assert (refused.keys, refused.keyless, refused.rate) == (1, False, 0.05)
     assert refused.describe(MODEL_LENGTH) == (
-        "left out 1 key(s) (0.05 request(s)/s) whose prompts, 1,500,000 tokens on average at most, are longer "
-        "than the model's length (32,768 tokens): a server refuses them")
+        "left out 1 key(s) (0.05 request(s)/s) whose mean prompt is longer than the model's length "
+        "(32,768 tokens; the longest mean 1,500,000): a server refuses them")
 
 
 def test_keyless_traffic_longer_than_the_model_is_left_out_too() -> None:
