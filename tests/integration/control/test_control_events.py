@@ -16,7 +16,7 @@ from cacheroute.operator.control.kube import EVENT_SOURCE, ApiError, ControlApi,
 from cacheroute.operator.control.loop import PlanLoop
 from cacheroute.operator.control.settings import ControlSettings
 from tests.support.control import condition, create_plan, events, get_plan, plan_manifest
-from tests.support.sandbox import wait_for
+from tests.support.namespaces import first_refusal, terminating_namespace
 
 pytestmark = pytest.mark.integration
 
@@ -68,32 +68,15 @@ def test_an_event_refused_by_a_namespace_being_deleted_is_no_warning(
 ) -> None:
     from kubernetes import client as k8s
 
-    core = k8s.CoreV1Api(kube_api)
-    name = "going-away"
-    core.create_namespace({"metadata": {"name": name}})
-    # A finalizer nobody removes keeps the namespace in Terminating while the test looks.
-    core.create_namespaced_config_map(name, {"metadata": {"name": "held", "finalizers": ["cacheroute.dev/test"]}})
-    core.delete_namespace(name)
-    involved = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "held", "namespace": name}}
     api = ControlApi(config.new_client_from_config(config_file=str(operator_kubeconfig)))
-    refusals: list[Any] = []
-
-    def refused() -> bool:
-        # The API server's admission sees the namespace's phase once its cache has it.
-        try:
-            api.core.create_namespaced_event(name, {"metadata": {"generateName": "x.", "namespace": name},
-                                                    "involvedObject": {"kind": "ConfigMap", "name": "held"}})
-        except k8s.ApiException as exc:
-            refusals.append(exc)
-            return True
-        return False
-
-    try:
-        wait_for(refused, timeout=30, what="creates refused in the terminating namespace", interval=0.2)
-        assert namespace_terminating(refusals[-1])  # the real API server's answer, as told apart
+    with terminating_namespace(kube_api, "going-away") as name:
+        involved = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "held", "namespace": name}}
+        event = {"metadata": {"generateName": "x.", "namespace": name},
+                 "involvedObject": {"kind": "ConfigMap", "name": "held"}}
+        refusal = first_refusal(lambda: api.core.create_namespaced_event(name, event), k8s.ApiException,
+                                undo=lambda: None)
+        assert namespace_terminating(refusal)  # the real API server's answer, as told apart
         with caplog.at_level("INFO", logger="cacheroute.operator.control.kube"):
             api.post_event(involved, "Normal", "PoolNotReady", "no ready destination")
         assert [r.levelname for r in caplog.records] == ["INFO"]
         assert f"namespace {name} is being deleted" in caplog.records[0].getMessage()
-    finally:
-        core.patch_namespaced_config_map("held", name, {"metadata": {"finalizers": None}})

@@ -20,8 +20,8 @@ from cacheroute.operator.fleet.reconcile import PoolMemory, Reconciler
 from cacheroute.operator.fleet.status import FleetFacts
 from cacheroute.operator.handlers.events import poster
 from tests.support.control import events
+from tests.support.namespaces import first_refusal, terminating_namespace
 from tests.support.operator import TEST_CONFIG, Pools
-from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -82,34 +82,13 @@ def test_a_pool_event_is_on_the_server_before_its_status_and_told_again_if_the_s
 def test_a_write_refused_because_the_namespace_is_being_deleted_is_told_apart(
     kube_api: Any, operator_kubeconfig: Path
 ) -> None:
-    from kubernetes import client as k8s
-
-    core = k8s.CoreV1Api(kube_api)
-    name = "pool-going-away"
-    core.create_namespace({"metadata": {"name": name}})
-    # A finalizer nobody removes keeps the namespace in Terminating while the test looks.
-    core.create_namespaced_config_map(name, {"metadata": {"name": "held", "finalizers": ["cacheroute.dev/test"]}})
-    core.delete_namespace(name)
     cluster = Cluster(config.new_client_from_config(config_file=str(operator_kubeconfig)))
-    plan_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "llama-plan", "namespace": name}}
-    refusals: list[KubeError] = []
-
-    def refused() -> bool:
-        # The API server's admission sees the namespace's phase once its cache has it.
-        try:
-            cluster.apply(plan_map)
-        except KubeError as exc:
-            refusals.append(exc)
-            return True
-        cluster.delete("v1", "ConfigMap", name, "llama-plan")  # created before the namespace's phase showed
-        return False
-
-    try:
-        wait_for(refused, timeout=30, what="writes refused in the terminating namespace", interval=0.2)
-        assert refusals[-1].status == 403 and refusals[-1].namespace_terminating
+    with terminating_namespace(kube_api, "pool-going-away") as name:
+        plan_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "llama-plan", "namespace": name}}
+        refusal = first_refusal(lambda: cluster.apply(plan_map), KubeError,
+                                undo=lambda: cluster.delete("v1", "ConfigMap", name, "llama-plan"))
+        assert refusal.status == 403 and refusal.namespace_terminating
         # Another refusal is not taken for it: a namespace that does not exist at all.
         with pytest.raises(KubeError) as missing:
             cluster.apply({**plan_map, "metadata": {"name": "llama-plan", "namespace": "no-such-namespace"}})
         assert not missing.value.namespace_terminating
-    finally:
-        core.patch_namespaced_config_map("held", name, {"metadata": {"finalizers": None}})
