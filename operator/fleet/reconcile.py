@@ -308,11 +308,17 @@ class Reconciler:
     @staticmethod
     def _announce_conditions(before: Mapping[str, Any], after: Mapping[str, Any], emit: EventSink) -> None:
         old = {c["type"]: c for c in before.get("conditions") or []}
+        turned_ready = False
         for cond in after.get("conditions") or []:
             prior = old.get(cond["type"])
             if prior and (prior.get("status"), prior.get("reason")) == (cond["status"], cond["reason"]):
                 continue
             if cond["type"] == "Ready" and cond["status"] == "True":
+                turned_ready = True
                 emit("Normal", "Ready", cond["message"])
             elif cond["type"] == "Degraded" and cond["status"] == "True" and cond["reason"] in _ANNOUNCED_FAILURES:
                 emit("Warning", cond["reason"], cond["message"])
+            elif cond["type"] == "Degraded" and prior and prior.get("status") == "True" and not turned_ready:
+                # A fault the pool served through (GIENotInstalled, a replica failing) is over:
+                # its Warning gets an answer, which `Ready` turning True gives the others.
+                emit("Normal", "Recovered", f"no longer {prior.get('reason')}: the pool is not degraded")

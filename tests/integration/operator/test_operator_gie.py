@@ -73,6 +73,8 @@ def test_a_pool_published_to_gie_without_its_crds_is_degraded_until_they_come(
     try:
         until(lambda: gie_pool(kube_api, fleet.namespace, "llama") is not None, "the GIE InferencePool", timeout=90)
         fleet.pools.await_condition("llama", "Degraded", "False", "AsExpected", timeout=60)
+        # The Warning gets its answer: the pool served all along, so Ready did not turn to give it.
+        until(lambda: bool(fleet.operator.events("Recovered", "llama")), "the Recovered Event", timeout=30)
     finally:
         with contextlib.suppress(client.ApiException):
             client.ApiextensionsV1Api(sandbox.api_client()).delete_custom_resource_definition(crd["metadata"]["name"])

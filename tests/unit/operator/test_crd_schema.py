@@ -115,7 +115,7 @@ def test_crd_metadata() -> None:
     pool, plan = crd(InferencePool), crd(AffinityPlan)
     assert pool["metadata"]["name"] == "inferencepools.cacheroute.dev"
     for obj, columns in (
-        (pool, ["Ready", "Reason", "Available", "Replicas", "TP", "GPU", "Age"]),
+        (pool, ["Ready", "Reason", "Degraded", "Available", "Replicas", "TP", "GPU", "Age"]),
         (plan, ["Pool", "Mode", "Ready", "Degraded", "Plan", "Keys", "KV hit", "Age"]),
     ):
         version = obj["spec"]["versions"][0]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.fleet.memory import MemoryOutcome
 from cacheroute.operator.fleet.profiling_job import plan_for_pool, resolve_architecture
+from cacheroute.operator.fleet.reconcile import Reconciler
 from cacheroute.operator.fleet.status import (
     FleetFacts,
     PodFacts,
@@ -208,3 +210,29 @@ def test_pod_facts_read_the_scheduler_and_the_kubelet() -> None:
                 "containerStatuses": [{"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
     assert (pod_facts(crashing) or pod(0)).failing == "CrashLoopBackOff"
     assert pod_facts({"metadata": {"name": "llama-memprofile-abc"}}) is None
+
+
+def _conditions(**reasons: tuple[str, str]) -> dict[str, Any]:
+    return {"conditions": [{"type": kind, "status": status, "reason": reason, "message": f"{kind} message"}
+                           for kind, (status, reason) in reasons.items()]}
+
+
+def test_a_fault_the_pool_served_through_is_answered_when_it_ends() -> None:
+    told: list[tuple[str, str, str]] = []
+
+    def emit(kind: str, reason: str, message: str) -> None:
+        told.append((kind, reason, message))
+
+    gie_missing = _conditions(Ready=("True", "Ready"), Degraded=("True", "GIENotInstalled"))
+    published = _conditions(Ready=("True", "Ready"), Degraded=("False", "AsExpected"))
+    Reconciler._announce_conditions(gie_missing, published, emit)
+    assert told == [("Normal", "Recovered", "no longer GIENotInstalled: the pool is not degraded")]
+    # A fault that took the pool down is answered by Ready turning True, once.
+    told.clear()
+    down = _conditions(Ready=("False", "InsufficientGPUs"), Degraded=("True", "InsufficientGPUs"))
+    Reconciler._announce_conditions(down, published, emit)
+    assert [(kind, reason) for kind, reason, _ in told] == [("Normal", "Ready")]
+    # Nothing changed, nothing told.
+    told.clear()
+    Reconciler._announce_conditions(published, published, emit)
+    assert told == []
