@@ -15,6 +15,7 @@ from typing import Any
 from urllib3.exceptions import HTTPError
 
 from cacheroute.operator.api.common import GROUP, VERSION
+from cacheroute.operator.fleet.cluster import namespace_terminating
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +33,6 @@ def _fail(what: str, exc: Any) -> ApiError:
     status = getattr(exc, "status", None)
     reason = getattr(exc, "reason", None) or type(exc).__name__
     return ApiError(f"{what} failed: {status or ''} {reason}".replace("  ", " ").strip())
-
-
-def namespace_terminating(exc: object) -> bool:
-    """Whether the API server refused a create because the namespace is being deleted."""
-    return getattr(exc, "status", None) == 403 and "NamespaceTerminating" in str(getattr(exc, "body", "") or "")
 
 
 def default_api_client() -> Any:

@@ -385,10 +385,7 @@ class PlanLoop:
         result.candidate = plan
         result.add(Finding(cond.PLANNED, True, cond.PINNED_ROUTES, plan.summary.reason))
         self.metrics.verdict("skipped")
-        figures: dict[str, Any] = dict.fromkeys(
-            ("coveredRequestShare", "churn", "forcedChurn", "predictedKvHit", "predictedP99TtftSeconds")
-        )
-        figures["admittedKeys"] = len(plan)
+        figures = _pinned_figures(plan)
         return await self._apply(w, plan, figures)
 
     # --- Auto and Shadow ---------------------------------------------------------------------------
@@ -598,10 +595,7 @@ class PlanLoop:
         except PlanError as exc:
             _not_planned(w.result, cond.INVALID_PLAN, str(exc))
             return
-        figures: dict[str, Any] = dict.fromkeys(
-            ("coveredRequestShare", "churn", "forcedChurn", "predictedKvHit", "predictedP99TtftSeconds")
-        )
-        figures["admittedKeys"] = len(plan)
+        figures = _pinned_figures(plan)
         judged = "; ".join(["pinned routes alone, not replayed (no window to plan from yet)", *notes])
         await self._apply(w, plan, figures, judged=judged)
 
@@ -939,6 +933,15 @@ def _pool_gone(result: PeriodResult, pool_name: str) -> PeriodResult:
     result.add(Finding(cond.APPLIED, False, cond.POOL_NOT_FOUND, message),
                Finding(cond.METRICS_AVAILABLE, False, cond.POOL_NOT_FOUND, message))
     return _not_planned(result, cond.POOL_NOT_FOUND, message)
+
+
+def _pinned_figures(plan: Plan) -> dict[str, Any]:
+    """Status figures of a plan of pinned routes: its keys; nothing computed, nothing predicted."""
+    figures: dict[str, Any] = dict.fromkeys(
+        ("coveredRequestShare", "churn", "forcedChurn", "predictedKvHit", "predictedP99TtftSeconds")
+    )
+    figures["admittedKeys"] = len(plan)
+    return figures
 
 
 def _no_destination(result: PeriodResult, w: _Work, *, ready_only: bool) -> PeriodResult:

@@ -83,6 +83,12 @@ def _error(exc: Exception) -> KubeError:
     return KubeError(status, message, causes)
 
 
+def namespace_terminating(exc: Exception) -> bool:
+    """Whether an API call was refused because its namespace is being deleted (its objects are
+    going too): a `KubeError`, or the client's own exception."""
+    return (exc if isinstance(exc, KubeError) else _error(exc)).namespace_terminating
+
+
 class Cluster:
     """The API server, as reconciliation uses it."""
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from kubernetes import config
 
-from cacheroute.operator.control.kube import EVENT_SOURCE, ApiError, ControlApi, namespace_terminating
+from cacheroute.operator.control.kube import EVENT_SOURCE, ApiError, ControlApi
 from cacheroute.operator.control.loop import PlanLoop
 from cacheroute.operator.control.settings import ControlSettings
+from cacheroute.operator.fleet.cluster import namespace_terminating
 from tests.support.control import condition, create_plan, events, get_plan, plan_manifest
 from tests.support.namespaces import first_refusal, terminating_namespace
 
