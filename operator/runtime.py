@@ -264,7 +264,8 @@ async def _main(options: RunOptions) -> None:
         "off" if options.standalone else repr(options.peering),
         options.priority,
         options.health_host,
-        options.health_port,
+        # The port bound: --health-address host:0 picks a free one.
+        runner.addresses[0][1] if runner.addresses else options.health_port,
     )
     try:
         await operator
@@ -292,16 +293,14 @@ def run(options: RunOptions) -> None:
     log.info("handler modules: %s", ", ".join(loaded))
     if not options.standalone:
         time.sleep(max(0.0, announced + PEERING_GRACE_S - time.monotonic()))
-    if options.kubeconfig is not None:
-        # kopf logs in through the kubernetes client's default configuration.
-        os.environ["KUBECONFIG"] = str(options.kubeconfig)
     asyncio.run(_main(options))
 
 
 def namespaces_or_all(namespaces: Sequence[str], all_namespaces: bool) -> tuple[tuple[str, ...], bool]:
     """Validated scope: exactly one of a namespace list or all namespaces."""
     if all_namespaces and namespaces:
-        raise ValueError("give either --namespace (repeatable) or --all-namespaces, not both")
+        raise ValueError("give either --namespace (repeatable) or --all-namespaces, not both (each may come from "
+                         "its variable, CACHEROUTE_OPERATOR_NAMESPACE or CACHEROUTE_OPERATOR_ALL_NAMESPACES)")
     if not all_namespaces and not namespaces:
         raise ValueError("give --namespace NAME (repeatable) or --all-namespaces")
     return tuple(dict.fromkeys(namespaces)), all_namespaces

@@ -134,6 +134,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         host, port = runtime.parse_address(health_address)
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"log-level {log_level!r} is not one of debug, info, warning, error")
+        log_format = log_format.lower()
         if log_format not in ("json", "text"):
             raise ValueError(f"log-format {log_format!r} is not json or text")
         if resync_interval <= 0 or status_interval <= 0:
@@ -166,12 +167,19 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         log_level=log_level,
     )
     from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError as TransportError
 
     from cacheroute.operator.fleet.cluster import KubeError
 
     try:
         runtime.run(options)
-    except (OSError, KubeError, ConfigException) as exc:
+    except ConfigException as exc:
+        # The kubeconfig (or the pod's ServiceAccount files) could not be read into credentials.
+        raise fail(f"kubeconfig: {exc}") from None
+    except TransportError as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise fail(f"operator failed: cannot reach the API server ({reason})", 1) from None
+    except (OSError, KubeError) as exc:
         raise fail(f"operator failed: {exc}", 1) from None
 
 

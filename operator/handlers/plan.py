@@ -43,7 +43,12 @@ def _settings() -> ControlSettings:
 
 def _api() -> ControlApi:
     if _Setup.api is None:
-        _Setup.api = ControlApi(default_api_client())
+        try:
+            # The client `cacheroute operator run` built from its --kubeconfig (or in-cluster):
+            # the library's default kubeconfig is fixed at its import, before that flag is read.
+            _Setup.api = ControlApi(context.current().cluster.api)
+        except RuntimeError:  # run by `kopf run` directly: the environment
+            _Setup.api = ControlApi(default_api_client())
     return _Setup.api
 
 

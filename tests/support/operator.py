@@ -91,6 +91,18 @@ def operator_identity(sandbox: Sandbox, directory: Path) -> Path:
     return path
 
 
+def decoy_kubeconfig(directory: Path) -> Path:
+    """A kubeconfig whose API server is nowhere (port 1 of loopback: nothing listens there)."""
+    path = directory / "decoy.kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "decoy",
+        "clusters": [{"name": "decoy", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "decoy", "user": {"token": "decoy"}}],
+        "contexts": [{"name": "decoy", "context": {"cluster": "decoy", "user": "decoy"}}],
+    }))
+    return path
+
+
 @dataclass
 class OperatorProcess:
     """`cacheroute operator run` for one namespace."""
@@ -128,7 +140,9 @@ class OperatorProcess:
             "--status-interval", str(self.status),
             *self.extra,
         ]
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        # A decoy in the variable: the operator must reach the cluster through --kubeconfig alone,
+        # kopf's watches included (`cacheroute.operator.credentials`).
+        env = {**os.environ, "KUBECONFIG": str(decoy_kubeconfig(self.workdir))}
         if self.identity:
             env["POD_ID"] = self.identity
         self.process = spawn(self.name, argv, log=self.log, env=env, detach=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from cacheroute.operator import runtime
@@ -25,6 +26,7 @@ runner = CliRunner()
         (["-A", "--resync-interval", "0"], {}, "resync-interval"),
         (["-A", "--peering-annotation", "no-equals-sign"], {}, "peering-annotation 'no-equals-sign'"),
         (["-A"], {"CACHEROUTE_OPERATOR_PEERING_LABEL": "a=b =c"}, "peering-label '=c'"),
+        (["-A", "--log-format", "xml"], {}, "log-format 'xml' is not json or text"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], env: dict[str, str], words: str) -> None:
@@ -47,6 +49,34 @@ def test_env_selects_namespaces(tmp_path: Path) -> None:
            "CACHEROUTE_OPERATOR_KUBECONFIG": str(tmp_path / "missing")}
     result = runner.invoke(app, ["operator", "run"], env=env)
     assert result.exit_code == 2 and "kubeconfig" in result.output
+
+
+def test_a_kubeconfig_without_a_context_is_bad_input_and_an_api_server_away_is_the_world(tmp_path: Path) -> None:
+    no_context = tmp_path / "no-context.yaml"
+    no_context.write_text("apiVersion: v1\nkind: Config\n")
+    result = runner.invoke(app, ["operator", "run", "-A", "--kubeconfig", str(no_context)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: kubeconfig: ") and "current-context" in result.output
+    away = tmp_path / "away.yaml"
+    away.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    result = runner.invoke(app, ["operator", "run", "-A", "--kubeconfig", str(away), "--health-address", "127.0.0.1:0"])
+    assert result.exit_code == 1, result.output
+    assert "error: operator failed: cannot reach the API server" in result.output
+    assert "internal error" not in result.output and "port=1" in result.output
+
+
+def test_log_level_and_format_are_read_in_any_case(tmp_path: Path) -> None:
+    no_context = tmp_path / "no-context.yaml"
+    no_context.write_text("apiVersion: v1\nkind: Config\n")
+    result = runner.invoke(app, ["operator", "run", "-A", "--log-level", "DEBUG", "--log-format", "TEXT",
+                                 "--kubeconfig", str(no_context)])
+    # Past the options: what is refused is the kubeconfig.
+    assert result.exit_code == 2 and result.output.startswith("error: kubeconfig: "), result.output
 
 
 def test_auto_priorities_differ_and_numbers_are_kept() -> None:
