@@ -263,8 +263,13 @@ def _check_header_name(value: object, what: str, *, optional: bool) -> None:
         return
     _check_text(value, what, limit=256)
     assert isinstance(value, str)
-    if not _HEADER_NAME.match(value.lower()):
+    if not is_header_name(value):
         raise PlanError(f"{what} {value!r} is not an HTTP header name")
+
+
+def is_header_name(value: str) -> bool:
+    """Whether `value` is an HTTP header name (RFC 9110's token; any case)."""
+    return bool(_HEADER_NAME.match(value.lower()))
 
 
 def validate_plan(plan: Plan) -> None:

@@ -331,6 +331,9 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         eventloop.resolve(settings.event_loop)
     except (SettingsError, eventloop.EventLoopError) as exc:
         raise _fail(str(exc)) from None
+    if plan_dir is None and pool is None and service is None and not settings.endpoints:
+        raise _fail("give where routes come from: --plan-dir or --pool (a plan), --service or --endpoints "
+                    "(endpoints without one)")
     if plan_dir is not None and not plan_dir.is_dir():
         raise _fail(f"plan-dir {plan_dir} is not a directory")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -400,6 +403,8 @@ def build_native(
     and the router's start-up line say which path a router runs."""
     from cacheroute.router import native
 
+    if out.exists() and any(out.iterdir()):
+        raise _fail(f"out {out}: not empty; build into a new folder")
     typer.echo(f"compiling {len(native.COMPILED_MODULES)} modules into {out} ...", err=True)
     try:
         native.build(out)

@@ -57,6 +57,11 @@ def check_bindable(host: str, port: int, what: str) -> None:
                 raise BindError(f"{what} {host}:{port}: cannot listen ({exc.strerror or exc})") from None
 
 
+def listen_address(host: str, port: int) -> str:
+    """gRPC's host:port, an IPv6 address in brackets (gRPC reads `::1:9002` as a name)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class Router:
     def __init__(self, settings: RouterSettings) -> None:
         self.settings = settings
@@ -139,7 +144,12 @@ class Router:
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in (READINESS, EXT_PROC_SERVICE, ""):
             await self.health.set(service, status)
-        log.info("router %s", "ready" if ready else "not ready")
+        if ready and not self.pool.known:
+            # A plan made offline (`cacheroute plan`) names destinations without addresses.
+            log.warning("router ready with no endpoint to route to: the plan gives no address and no --service or "
+                        "--endpoints names one: no request can be routed")
+        else:
+            log.info("router %s", "ready" if ready else "not ready")
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -168,7 +178,7 @@ class Router:
         ExternalProcessor(self.core).add_to(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            self.grpc_port = server.add_insecure_port(f"{s.grpc_host}:{s.grpc_port}")
+            self.grpc_port = server.add_insecure_port(listen_address(s.grpc_host, s.grpc_port))
         except RuntimeError as exc:
             raise BindError(f"grpc {s.grpc_host}:{s.grpc_port}: cannot listen ({exc})") from None
         if self.grpc_port == 0:

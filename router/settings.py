@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cacheroute.planner.keyring import DEFAULT_UNPLANNED, UNPLANNED_MODES
-from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE, KeyExtraction
+from cacheroute.planner.plan import MAX_PROMPT_PREFIX_CHARS, SPILL_THRESHOLD_RANGE, KeyExtraction, is_header_name
 from cacheroute.planner.prefixes import DEFAULT_PREFIX_MEMORY_BLOCKS
 from cacheroute.planner.routing import DEFAULT_SPILL_SLACK
 from cacheroute.planner.tokenload import DEFAULT_IN_FLIGHT_WEIGHT, DEFAULT_TOKENS_PER_LOAD_UNIT
@@ -64,6 +64,15 @@ class KeyOverrides:
     body_field: str | None = None
     session_header: str | None = None
     prompt_prefix_chars: int | None = None
+
+    def check(self) -> None:
+        """Raise SettingsError for a header the plan format would refuse too."""
+        headers = (("key-header", self.header, False), ("session-header", self.session_header, True))
+        for flag, value, optional in headers:
+            if value is None or (optional and value == ""):
+                continue
+            if not is_header_name(value):
+                raise SettingsError(f"{flag} {value!r} is not an HTTP header name")
 
     def apply(self, base: KeyExtraction) -> KeyExtraction:
         return KeyExtraction(
@@ -139,8 +148,17 @@ class RouterSettings:
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
                 raise SettingsError(f"{name.replace('_', '-')} {port} is not a TCP port (0-65535, 0 picks a free one)")
         for name in ("grpc_host", "metrics_host"):
-            if not getattr(self, name).strip():
+            host = getattr(self, name).strip()
+            if not host:
                 raise SettingsError(f"{name.replace('_', '-')} must not be empty (0.0.0.0 listens everywhere)")
+            # An IPv6 address binds bare: `[::1]` and `::1` are one address.
+            object.__setattr__(self, name, host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        if self.target_port is not None and self.service is None:
+            raise SettingsError("target-port is the port on a service's EndpointSlice addresses: it needs service")
+        if self.namespace is not None and self.pool is None and self.service is None:
+            raise SettingsError("namespace is where pool's ConfigMaps or service's EndpointSlices are read: it needs "
+                                "pool or service")
+        self.keys.check()
         if self.plan_dir is not None and self.pool is not None:
             raise SettingsError("give either plan-dir or pool (ConfigMaps through the API) as plan source, not both")
         if self.pool is not None and self.namespace is None:

@@ -123,13 +123,18 @@ class Verdict:
     message: str
 
 
+def host_port(ip: str, port: int) -> str:
+    """`ip:port`, an IPv6 address in brackets (as routers and Envoy read it)."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
 def destinations(pods: Iterable[PodFacts], replicas: int, port: int) -> list[dict[str, Any]]:
     """The replicas that exist and are meant to (ordinal below spec.replicas, not terminating)."""
     out = []
     for pod in sorted(pods, key=lambda p: p.ordinal):
         if pod.ordinal >= replicas or pod.terminating:
             continue
-        out.append({"id": pod.name, "address": f"{pod.ip}:{port}" if pod.ip else "", "ready": pod.ready})
+        out.append({"id": pod.name, "address": host_port(pod.ip, port) if pod.ip else "", "ready": pod.ready})
     return out
 
 

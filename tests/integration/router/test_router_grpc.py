@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
-from cacheroute.planner.plan import affinity_key_hash
+from cacheroute.planner.plan import Destination, affinity_key_hash, plan_from_routes
 from cacheroute.planner.plan_format import encode_plan
 from tests.support.router import (
     Engine,
@@ -106,3 +106,15 @@ def test_both_event_loops_route_planned_keys(
     for _ in range(3):
         assert destination(exchange(router, headers_request("alice"))) == (engines[1].address,) * 2
     assert f"event loop {loop}." in router.process.log.read_text()
+
+
+def test_a_plan_without_addresses_readies_the_router_with_a_warning_that_nothing_can_be_routed(
+    volume: PlanVolume, start_router: RouterStarter, tmp_path: Path
+) -> None:
+    # What `cacheroute plan` writes offline: destinations by id only.
+    destinations = [Destination("pool-0"), Destination("pool-1")]
+    volume.publish(plan_from_routes("pool", destinations, {affinity_key_hash("alice"): ["pool-0"]}))
+    router = start_router("--plan-dir", str(volume.path))
+    log = tmp_path / "router-0.log"
+    await_condition(lambda: "router ready with no endpoint to route to" in log.read_text(), "the warning")
+    assert exchange(router, headers_request("alice")).immediate_response.status.code == 503

@@ -167,6 +167,14 @@ def test_a_pool_that_does_not_fit_is_degraded_and_not_progressing() -> None:
     assert "the running replicas are left as they are" in earlier["Degraded"].message
 
 
+def test_an_ipv6_pod_address_is_written_in_brackets_as_routers_read_it() -> None:
+    v6 = PodFacts(name="llama-0", ordinal=0, ip="fd00:10::7", ready=True, terminating=False, phase="Running",
+                  unschedulable="")
+    status = build_status(SPEC, 1, memory=PLANNED, facts=FleetFacts([v6], workload(1, 1), ROUTER), previous={},
+                          now=NOW)
+    assert status["destinations"][0]["address"] == "[fd00:10::7]:8000"
+
+
 def test_profiling_is_unknown_then_failure_is_degraded() -> None:
     profiling = verdicts(SPEC, MemoryOutcome("Profiling", "Job running"), FleetFacts([], None, None))
     assert (profiling["MemoryPlanned"].status, profiling["Ready"].reason) == ("Unknown", "Profiling")

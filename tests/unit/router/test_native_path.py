@@ -6,9 +6,11 @@ import importlib
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from cacheroute.operator.fleet import router as router_objects
 from cacheroute.router import native
+from cacheroute.router.cli import app
 
 
 def test_every_compiled_module_is_a_source_module_of_the_copied_packages() -> None:
@@ -59,3 +61,11 @@ def test_a_failed_build_leaves_its_folder_empty_to_build_into_again(
         native.build(out)
     assert list(out.iterdir()) == []
     assert native.stale(out)
+
+
+def test_a_folder_that_is_not_empty_is_refused_before_anything_compiles(tmp_path: Path) -> None:
+    (tmp_path / "kept.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["build-native", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: out {tmp_path}: not empty; build into a new folder"
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.txt"]

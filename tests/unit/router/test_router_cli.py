@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from cacheroute.router.cli import app
+from cacheroute.router.server import listen_address
 from cacheroute.router.settings import RouterSettings, SettingsError, parse_address
+from cacheroute.sandbox.process import wait_until
 
 runner = CliRunner()
 
@@ -35,6 +43,12 @@ runner = CliRunner()
         (["--log-level", "loud"], "log-level 'loud'"),
         (["--event-loop", "fast"], "event-loop 'fast' is not one of"),
         (["--unplanned", "sticky"], "unplanned 'sticky' is not one of key-p2c, p2c"),
+        ([], "give where routes come from: --plan-dir or --pool (a plan), --service or --endpoints"),
+        (["--endpoints", "10.0.0.1:80", "--namespace", "llm"], "namespace is where pool's ConfigMaps"),
+        (["--endpoints", "10.0.0.1:80", "--target-port", "8000"], "target-port is the port on a service's"),
+        (["--endpoints", "10.0.0.1:80", "--key-header", "bad header"],
+         "key-header 'bad header' is not an HTTP header name"),
+        (["--endpoints", "10.0.0.1:80", "--session-header", "x:y"], "session-header 'x:y' is not an HTTP header"),
     ],
 )
 def test_bad_settings_exit_with_a_message(args: list[str], message: str) -> None:
@@ -89,3 +103,31 @@ def test_addresses_are_normalised() -> None:
     with pytest.raises(SettingsError):
         parse_address("10.0.0.1:70000")
     assert RouterSettings(endpoints=("10.0.0.1:80",)).endpoints == ("10.0.0.1:80",)
+
+
+def test_an_ipv6_listening_address_binds_bare_or_in_brackets() -> None:
+    assert RouterSettings(grpc_host="[::1]", metrics_host="::1").grpc_host == "::1"
+    assert listen_address("::1", 9002) == "[::1]:9002"
+    assert listen_address("10.0.0.7", 9002) == "10.0.0.7:9002"
+
+
+def test_the_router_serves_grpc_on_an_ipv6_address(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET6) as probe:
+        try:
+            probe.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+    log = tmp_path / "router.log"
+    with log.open("w") as out:
+        router = subprocess.Popen(
+            [sys.executable, "-m", "cacheroute.router.cli", "serve", "--grpc-host", "::1", "--grpc-port", "0",
+             "--metrics-host", "::1", "--metrics-port", "0", "--endpoints", "127.0.0.1:1", "--scrape-interval", "0"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_until(lambda: "ext_proc gRPC on" in log.read_text() or router.poll() is not None, timeout=60,
+                       what="the router listening or exiting")
+        finally:
+            router.terminate()
+            router.wait(timeout=30)
+    assert re.search(r"ext_proc gRPC on ::1:[1-9][0-9]*, metrics on ::1:[1-9]", log.read_text()), log.read_text()
