@@ -8,12 +8,14 @@ Every field has a default, so an empty file (or none) is a valid configuration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from cacheroute.operator.api.manifests import single_document
+from cacheroute.operator.kubevalues import DnsSubdomain, Image, PositiveDuration, ProbePath, Quantity, Resources
 from cacheroute.operator.version import package_version
 
 OPERATOR_IMAGE_REPOSITORY = "ghcr.io/cacheroute/cacheroute"
@@ -24,6 +26,14 @@ def default_operator_image() -> str:
     version = package_version()
     tag = version if "+" not in version else "latest"
     return f"{OPERATOR_IMAGE_REPOSITORY}:{tag}"
+
+
+def _check_drain(drain_seconds: int, grace_seconds: int) -> None:
+    if drain_seconds >= grace_seconds:
+        raise ValueError(
+            f"drainSeconds ({drain_seconds}) must be shorter than terminationGracePeriodSeconds ({grace_seconds}): "
+            "the kubelet kills the pod when its grace period ends, drained or not"
+        )
 
 
 class _Model(BaseModel):
@@ -38,8 +48,9 @@ class EnvoySettings(_Model):
         description="When the picker does not answer, send the request to any ready engine instead of failing it "
         "(found through the pool's headless Service, by cluster DNS).",
     )
-    message_timeout: str = Field(
-        default="5s", pattern=r"^[0-9]+(ms|s)$", description="How long Envoy waits for each answer of the picker."
+    message_timeout: PositiveDuration = Field(
+        default="5s",
+        description="How long Envoy waits for each answer of the picker (more than 0).",
     )
     request_body_mode: Literal["NONE", "BUFFERED", "FULL_DUPLEX_STREAMED"] = Field(
         default="BUFFERED", description="How request bodies reach the picker (it reads the key from the body)."
@@ -59,7 +70,7 @@ class EnvoySettings(_Model):
     log_level: Literal["trace", "debug", "info", "warning", "error", "critical", "off"] = Field(
         default="warning", description="Envoy's log level."
     )
-    resources: dict[str, Any] = Field(
+    resources: Resources = Field(
         default_factory=lambda: {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         description="Resources of the Envoy container.",
     )
@@ -68,11 +79,11 @@ class EnvoySettings(_Model):
 class RouterDefaults(_Model):
     """The router Deployment of every pool."""
 
-    image: str = Field(default_factory=default_operator_image, min_length=1, description="Router image.")
+    image: Image = Field(default_factory=default_operator_image, description="Router image.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="imagePullPolicy of both router containers."
     )
-    resources: dict[str, Any] = Field(
+    resources: Resources = Field(
         default_factory=lambda: {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         description="Resources of the endpoint picker container.",
     )
@@ -92,6 +103,11 @@ class RouterDefaults(_Model):
     )
     envoy: EnvoySettings = Field(default_factory=EnvoySettings, description="The Envoy container.")
 
+    @model_validator(mode="after")
+    def _drain_within_grace(self) -> Self:
+        _check_drain(self.drain_seconds, self.termination_grace_period_seconds)
+        return self
+
 
 class EngineDefaults(_Model):
     """Settings of the vLLM pods that the pool spec leaves to the cluster operator."""
@@ -99,20 +115,25 @@ class EngineDefaults(_Model):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="imagePullPolicy of the vLLM container."
     )
-    shm_size_limit: str = Field(default="16Gi", description="Size limit of the /dev/shm memory volume.")
+    shm_size_limit: Quantity = Field(default="16Gi", description="Size limit of the /dev/shm memory volume.")
     drain_seconds: int = Field(
         default=30, ge=0, description="preStop wait, so that routers stop sending before vLLM gets SIGTERM."
     )
     termination_grace_period_seconds: int = Field(
         default=130, ge=1, description="Room for the drain plus the longest request in flight."
     )
-    readiness_path: str = Field(default="/v1/models", description="Answers only once the model is served.")
-    liveness_path: str = Field(default="/health", description="Liveness (and startup) probe path.")
+    readiness_path: ProbePath = Field(default="/v1/models", description="Answers only once the model is served.")
+    liveness_path: ProbePath = Field(default="/health", description="Liveness (and startup) probe path.")
     probe_period_seconds: int = Field(
         default=10, ge=1, description="Period of the vLLM probes (readiness: this or 5 s, whichever is shorter)."
     )
-    cpu_request: str = Field(default="4", description="CPU request of a vLLM pod.")
-    memory_request: str = Field(default="32Gi", description="Memory request of a vLLM pod.")
+    cpu_request: Quantity = Field(default="4", description="CPU request of a vLLM pod.")
+    memory_request: Quantity = Field(default="32Gi", description="Memory request of a vLLM pod.")
+
+    @model_validator(mode="after")
+    def _drain_within_grace(self) -> Self:
+        _check_drain(self.drain_seconds, self.termination_grace_period_seconds)
+        return self
 
 
 class ProfilingDefaults(_Model):
@@ -124,7 +145,7 @@ class ProfilingDefaults(_Model):
 
 
 class OperatorConfig(_Model):
-    cluster_domain: str = "cluster.local"
+    cluster_domain: DnsSubdomain = "cluster.local"
     router: RouterDefaults = Field(default_factory=RouterDefaults)
     engine: EngineDefaults = Field(default_factory=EngineDefaults)
     profiling: ProfilingDefaults = Field(default_factory=ProfilingDefaults)
@@ -138,9 +159,10 @@ def load_config(path: Path | None) -> OperatorConfig:
     if path is None:
         return OperatorConfig()
     try:
-        document = yaml.safe_load(path.read_text("utf-8"))
+        with path.open(encoding="utf-8") as stream:
+            document = single_document(stream)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config {path}: cannot read it ({exc})") from exc
+        raise ConfigError(f"config {path}: cannot read it ({' '.join(str(exc).split())})") from exc
     if document is None:
         return OperatorConfig()
     if not isinstance(document, dict):
@@ -149,6 +171,12 @@ def load_config(path: Path | None) -> OperatorConfig:
         return OperatorConfig.model_validate(document)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc'])}: {_message(e['msg'])}" if e["loc"] else _message(e["msg"])
+            for e in exc.errors()
         )
         raise ConfigError(f"config {path}: {problems}") from exc
+
+
+def _message(text: str) -> str:
+    # pydantic heads the message of a failed check with its kind; the check's own words suffice.
+    return text.removeprefix("Value error, ")

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 from pydantic import ValidationError
@@ -164,6 +164,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if duplicate:
                 raise DuplicateKeyError(key, key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+def single_document(stream: TextIO) -> Any:
+    """The one YAML document of `stream` (a file's name then marks its errors), keys unique."""
+    return yaml.load(stream, Loader=_UniqueKeyLoader)
 
 
 def documents(text: str, source: str = "<input>") -> Iterator[tuple[str, Any]]:

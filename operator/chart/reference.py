@@ -26,6 +26,8 @@ def _type(node: dict[str, Any]) -> str:
     if "enum" in node:
         return " \\| ".join(f"`{v}`" for v in node["enum"])
     kind = node.get("type", "any")
+    if isinstance(kind, list):
+        return " or ".join(kind)
     if kind == "array":
         return f"list of {node.get('items', {}).get('type', 'object')}"
     if kind == "object" and isinstance(node.get("additionalProperties"), dict):

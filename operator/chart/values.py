@@ -9,12 +9,13 @@ Every model refuses unknown keys, which Helm's schema check turns into an error 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from cacheroute.operator.config import OPERATOR_IMAGE_REPOSITORY, EngineDefaults, ProfilingDefaults, RouterDefaults
+from cacheroute.operator.kubevalues import whole_number_as_text
 
 # Kubernetes objects the chart passes through unchanged (resources, affinity, tolerations, ...).
 KubeObject = dict[str, Any]
@@ -22,6 +23,10 @@ KubeObject = dict[str, Any]
 
 class _Values(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+# Helm's `--set operator.image.tag=2` gives the number 2.
+ImageTag = Annotated[str, BeforeValidator(whole_number_as_text), WithJsonSchema({"type": ["string", "integer"]})]
 
 
 class Crds(_Values):
@@ -39,7 +44,7 @@ class Crds(_Values):
 
 class Image(_Values):
     repository: str = Field(default=OPERATOR_IMAGE_REPOSITORY, min_length=1, description="Image repository.")
-    tag: str = Field(default="", description="Image tag; empty means the chart's appVersion.")
+    tag: ImageTag = Field(default="", description="Image tag; empty means the chart's appVersion.")
     digest: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$", description="Pin by digest (wins over tag).")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="imagePullPolicy of the operator's container."
@@ -94,8 +99,14 @@ def _readiness() -> Probe:
 
 
 class PodDisruptionBudget(_Values):
-    enabled: bool = Field(default=True, description="A PodDisruptionBudget for the operator's pods.")
-    min_available: int = Field(default=1, ge=0, description="minAvailable of that budget.")
+    enabled: bool = Field(
+        default=True,
+        description="A PodDisruptionBudget for the operator's pods, rendered only with more than one replica "
+        "(with one, any minAvailable would block every node drain).",
+    )
+    min_available: int = Field(
+        default=1, ge=0, description="minAvailable of that budget; below operator.replicas, or drains block."
+    )
 
 
 def _pod_security_context() -> KubeObject:

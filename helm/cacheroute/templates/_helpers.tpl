@@ -59,7 +59,7 @@ app.kubernetes.io/component: operator
 {{- if $image.digest -}}
 {{- printf "%s@%s" $image.repository $image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) -}}
+{{- printf "%s:%s" $image.repository (toString (default .Chart.AppVersion $image.tag)) -}}
 {{- end -}}
 {{- end -}}
 
@@ -77,8 +77,29 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* What the schema cannot say of router and engine values, refused at render rather than by the
+operator at its start (the same checks, cacheroute.operator.config). */}}
+{{- define "cacheroute.checkDefaults" -}}
+{{- range $group := list "router" "engine" -}}
+{{- $values := index $.Values $group -}}
+{{- if ge (int $values.drainSeconds) (int $values.terminationGracePeriodSeconds) -}}
+{{- fail (printf "%s.drainSeconds (%d) must be shorter than %s.terminationGracePeriodSeconds (%d): the kubelet kills the pod when its grace period ends, drained or not" $group (int $values.drainSeconds) $group (int $values.terminationGracePeriodSeconds)) -}}
+{{- end -}}
+{{- end -}}
+{{- range $where, $resources := dict "router.resources" .Values.router.resources "router.envoy.resources" .Values.router.envoy.resources -}}
+{{- range $section := list "requests" "limits" -}}
+{{- range $name, $amount := (index $resources $section | default dict) -}}
+{{- if not (regexMatch "^\\+?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$" (toString $amount)) -}}
+{{- fail (printf "%s.%s.%s %q is not a quantity (such as 500m, 2, 256Mi, 1Gi)" $where $section $name (toString $amount)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The operator's configuration file (`--config`): router and engine defaults, as the operator reads them. */}}
 {{- define "cacheroute.operatorConfig" -}}
+{{- include "cacheroute.checkDefaults" . -}}
 {{- $router := deepCopy .Values.router -}}
 {{- $_ := set $router "image" (include "cacheroute.routerImage" .) -}}
 {{- $config := dict "clusterDomain" .Values.operator.clusterDomain "router" $router "engine" .Values.engine "profiling" .Values.operator.profiling -}}

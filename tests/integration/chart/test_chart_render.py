@@ -23,6 +23,7 @@ from cacheroute.operator.cli.main import app
 from cacheroute.operator.config import OperatorConfig, load_config
 from cacheroute.operator.fleet import names
 from cacheroute.operator.fleet.router import build_deployment
+from cacheroute.operator.kubevalues import QUANTITY_PATTERN
 from cacheroute.operator.rbac import cluster_role
 from cacheroute.sandbox.binaries import locate
 from cacheroute.sandbox.cluster import Sandbox
@@ -153,6 +154,41 @@ def test_the_schema_refuses_wrong_types_and_unknown_keys(helm: Helm) -> None:
 def test_a_watch_list_that_cannot_work_is_refused_with_the_reason(helm: Helm) -> None:
     with pytest.raises(HelmError, match=r"operator\.watch\.namespaces must name at least one namespace"):
         helm.template("bad", "default", {"operator.watch.allNamespaces": False})
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"router.drainSeconds": 130}, "router.drainSeconds (130) must be shorter than router.terminationGracePeriod"),
+        ({"engine.drainSeconds": 200}, "engine.drainSeconds (200) must be shorter than engine.terminationGracePeriod"),
+        ({"router.resources": {"requests": {"cpu": "banana"}}}, 'router.resources.requests.cpu "banana" is not a'),
+        ({"router.envoy.resources": {"limits": {"memory": "-1Gi"}}}, 'router.envoy.resources.limits.memory "-1Gi"'),
+        ({"operator.podDisruptionBudget.minAvailable": 2},
+         "operator.podDisruptionBudget.minAvailable (2) must be below operator.replicas (2): no node could ever"),
+    ],
+)
+def test_defaults_the_operator_would_refuse_are_refused_at_render(
+    helm: Helm, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(HelmError) as failed:
+        helm.template("bad", "default", values)
+    assert message in str(failed.value)
+
+
+def test_whole_numbers_given_with_set_are_quantities_and_tags(helm: Helm, tmp_path: Path) -> None:
+    # `helm --set engine.cpuRequest=8` passes the number 8, as --set-json does here.
+    objects = helm.template("n", "default", {"engine.cpuRequest": 8, "engine.memoryRequest": 68719476736,
+                                             "operator.image.tag": 2, "router.resources": {"requests": {"cpu": 2}}})
+    config = _operator_config(objects, tmp_path)
+    assert (config.engine.cpu_request, config.engine.memory_request) == ("8", "68719476736")
+    assert config.router.image == "ghcr.io/cacheroute/cacheroute:2"
+
+
+def test_the_charts_quantity_check_is_the_operators(helm: Helm) -> None:
+    template = (CHART / "templates" / "_helpers.tpl").read_text()
+    found = re.search(r'regexMatch "((?:[^"\\]|\\.)*)"', template)
+    assert found is not None
+    assert found.group(1).replace("\\\\", "\\") == QUANTITY_PATTERN
 
 
 def _of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

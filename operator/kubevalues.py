@@ -1,0 +1,88 @@
+"""Values of Kubernetes objects the operator's configuration holds, checked as the API server would.
+
+A quantity that is not one, or a probe path without its `/`, would otherwise pass the operator's
+start and fail each pool's reconcile later; each type refuses it naming the value, and gives the
+chart's schema the same rule. Whole numbers are quantities too: Helm's `--set cpuRequest=8` passes
+the number 8.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
+
+# A Kubernetes resource quantity that is not negative, in apimachinery's forms: a decimal number,
+# then a binary suffix (Ki to Ei), a decimal one (n, u, m, k, M, G, T, P, E) or an exponent.
+QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def whole_number_as_text(value: object) -> object:
+    # Helm's `--set engine.cpuRequest=8` gives the number 8: a count of cores or bytes is a quantity too.
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    return value
+
+
+def _matching(pattern: str, what: str) -> AfterValidator:
+    """A check that a text matches `pattern`, refusing it as "'x' is not <what>" (not as the regex)."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.match(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+QUANTITY_WORDS = "a quantity (such as 500m, 2, 256Mi, 1Gi)"
+Quantity = Annotated[
+    str,
+    BeforeValidator(whole_number_as_text),
+    _matching(QUANTITY_PATTERN, QUANTITY_WORDS),
+    WithJsonSchema({"type": ["string", "integer"], "pattern": QUANTITY_PATTERN, "minimum": 0}),
+]
+_PROBE_PATH = r"^/[^\s]*$"
+ProbePath = Annotated[
+    str, _matching(_PROBE_PATH, "a URL path (starting with /)"),
+    WithJsonSchema({"type": "string", "pattern": _PROBE_PATH}),
+]
+# An image reference: whatever the runtime resolves, but never empty nor with whitespace.
+Image = Annotated[
+    str, _matching(r"^[^\s]+$", "an image reference"), WithJsonSchema({"type": "string", "pattern": r"^[^\s]+$"})
+]
+# A DNS subdomain: the cluster's domain, in the names of its Services.
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DnsSubdomain = Annotated[
+    str, _matching(_DNS_SUBDOMAIN, "a DNS domain (such as cluster.local)"),
+    WithJsonSchema({"type": "string", "pattern": _DNS_SUBDOMAIN}),
+]
+# A duration Envoy takes, longer than zero.
+_POSITIVE_DURATION = r"^0*[1-9][0-9]*(ms|s)$"
+PositiveDuration = Annotated[
+    str, _matching(_POSITIVE_DURATION, "a duration longer than 0 (such as 500ms, 5s)"),
+    WithJsonSchema({"type": "string", "pattern": _POSITIVE_DURATION}),
+]
+
+
+def _check_resources(resources: dict[str, Any]) -> dict[str, Any]:
+    """A container's resources: every request and limit a quantity, as the API server requires."""
+    for section in ("requests", "limits"):
+        amounts = resources.get(section)
+        if amounts is None:
+            continue
+        if not isinstance(amounts, dict):
+            raise ValueError(f"{section} must be a mapping of resource name to quantity")
+        for name, amount in amounts.items():
+            text = whole_number_as_text(amount)
+            if not isinstance(text, str) or not _QUANTITY.match(text):
+                raise ValueError(f"{section}.{name} {amount!r} is not {QUANTITY_WORDS}")
+    return resources
+
+
+Resources = Annotated[dict[str, Any], AfterValidator(_check_resources)]
+
+
