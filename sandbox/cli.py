@@ -57,7 +57,8 @@ def _print_status(sandbox: Sandbox, console: Console) -> None:
     table = Table("component", "state", "pid")
     table.add_column("url", no_wrap=True)
     for row in sandbox.status():
-        state = "[green]healthy[/green]" if row.healthy else ("running" if row.running else "[red]stopped[/red]")
+        state = ("[green]healthy[/green]" if row.healthy else "[yellow]paused[/yellow]" if row.paused
+                 else "running" if row.running else "[red]stopped[/red]")
         table.add_row(row.name, state, str(row.pid), row.url or "")
     console.print(table)
     console.print(f"nodes: {', '.join(sandbox.state.nodes)}", soft_wrap=True)
@@ -161,6 +162,35 @@ def down(
     except SandboxError as exc:
         raise fail(str(exc), WORLD) from None
     console.print(f"sandbox in {directory} stopped", soft_wrap=True)
+
+
+_COMPONENT = typer.Argument(..., help="A component, as `cacheroute sandbox status` names it (prometheus, ...).")
+
+
+@app.command()
+def pause(component: str = _COMPONENT, *, name: str = _NAME, state_dir: Path | None = _STATE_DIR) -> None:
+    """Make one component hang (SIGSTOP): it keeps its port and answers nothing, for failure drills."""
+    _signal_component(component, name, state_dir, resume=False)
+
+
+@app.command()
+def resume(component: str = _COMPONENT, *, name: str = _NAME, state_dir: Path | None = _STATE_DIR) -> None:
+    """Let a paused component run again (SIGCONT)."""
+    _signal_component(component, name, state_dir, resume=True)
+
+
+def _signal_component(component: str, name: str, state_dir: Path | None, *, resume: bool) -> None:
+    from cacheroute.sandbox.cluster import Sandbox, SandboxError
+
+    try:
+        sandbox = Sandbox.attach(_state_dir(name, state_dir))
+    except SandboxError as exc:
+        raise fail(str(exc), WORLD) from None
+    try:
+        (sandbox.resume if resume else sandbox.pause)(component)
+    except SandboxError as exc:
+        raise fail(str(exc)) from None
+    Console(stderr=True).print(f"{component} {'resumed' if resume else 'paused'}", soft_wrap=True)
 
 
 @app.command()

@@ -38,7 +38,10 @@ from cacheroute.sandbox.process import (
     StartError,
     Stoppable,
     free_ports,
+    pause_pid,
+    paused,
     pid_runs,
+    resume_pid,
     spawn,
     stop_all,
     stop_pid,
@@ -143,6 +146,7 @@ class ComponentStatus:
     url: str | None
     pid: int
     log: str
+    paused: bool = False
 
 
 class SandboxError(RuntimeError):
@@ -275,9 +279,26 @@ class Sandbox:
         rows = []
         for record in self.state.components.values():
             running = pid_runs(record.pid, record.program)
-            healthy = running and record.health_url is not None and _healthy(record.health_url, context)
-            rows.append(ComponentStatus(record.name, running, healthy, record.url, record.pid, record.log))
+            stopped = running and paused(record.pid)
+            healthy = running and not stopped and record.health_url is not None and _healthy(record.health_url, context)
+            rows.append(ComponentStatus(record.name, running, healthy, record.url, record.pid, record.log, stopped))
         return rows
+
+    def pause(self, name: str) -> None:
+        """Stop component `name` answering (SIGSTOP), as a hung server: a failure drill."""
+        pause_pid(self._running_component(name).pid)
+
+    def resume(self, name: str) -> None:
+        """Let a paused component run again (SIGCONT)."""
+        resume_pid(self._running_component(name).pid)
+
+    def _running_component(self, name: str) -> ComponentRecord:
+        record = self.state.components.get(name)
+        if record is None:
+            raise SandboxError(f"no component {name!r} in this sandbox (it has {', '.join(self.state.components)})")
+        if not pid_runs(record.pid, record.program):
+            raise SandboxError(f"component {name} (pid {record.pid}) is not running")
+        return record
 
     def down(self, *, keep_files: bool = False) -> None:
         """Stop every component, then remove the state directory (unless `keep_files`)."""

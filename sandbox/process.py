@@ -181,12 +181,33 @@ def pid_runs(pid: int, program: str) -> bool:
     return argv0 == program
 
 
+def _terminate(pid: int) -> None:
+    """SIGTERM, then SIGCONT: a paused process (`pause_pid`) acts on the SIGTERM once continued."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
+
+
+def paused(pid: int) -> bool:
+    """Whether `pid` is stopped by a signal (`pause_pid`): alive, holding its sockets, answering nothing."""
+    return _proc_state(pid) == "T"
+
+
+def pause_pid(pid: int) -> None:
+    """SIGSTOP: the process keeps its ports, connections are accepted by the kernel and never
+    answered, as when a server hangs."""
+    os.kill(pid, signal.SIGSTOP)
+
+
+def resume_pid(pid: int) -> None:
+    os.kill(pid, signal.SIGCONT)
+
+
 def stop_pid(pid: int, program: str, *, timeout: float = 10.0, popen: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM, then SIGKILL after `timeout`; a pid that no longer runs `program` is left alone."""
     if not _running(pid, program, popen):
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+    _terminate(pid)
     if _wait_gone(pid, program, timeout, popen):
         return
     with contextlib.suppress(ProcessLookupError):
@@ -205,8 +226,7 @@ def stop_all(targets: Sequence[Stoppable], *, timeout: float = 10.0) -> None:
     """Stop several processes at once: SIGTERM to all, then SIGKILL to whatever outlives `timeout`."""
     running = [t for t in targets if _running(t.pid, t.program, t.popen)]
     for target in running:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(target.pid, signal.SIGTERM)
+        _terminate(target.pid)
     deadline = time.monotonic() + timeout
     for target in running:
         if not _wait_gone(target.pid, target.program, max(0.0, deadline - time.monotonic()), target.popen):

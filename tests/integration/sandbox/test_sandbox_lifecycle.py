@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from kubernetes import client, config
 from typer.testing import CliRunner
@@ -145,3 +146,37 @@ def test_cli_up_then_down_stops_every_process_and_removes_the_state(tmp_path: Pa
     # ...which `down` stops with the runtime.
     assert processes_working_in(str(state_dir)) == []
     assert not state_dir.exists()
+
+
+def test_a_paused_component_hangs_until_resumed_and_down_still_stops_it(tmp_path: Path) -> None:
+    state_dir = tmp_path / "drill"
+    sandbox = Sandbox.up(SandboxOptions(state_dir=state_dir, nodes=1, detach=False, pod_runtime=None, timeout=120))
+    where = ["--state-dir", str(state_dir)]
+
+    def rows() -> dict[str, dict[str, object]]:
+        result = CliRunner().invoke(app, ["status", *where, "--json"])
+        return {row["name"]: row for row in json.loads(result.stdout)["components"]}
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{sandbox.state.prometheus_url}/-/ready", timeout=1.0).status_code == 200
+        except httpx.TimeoutException:
+            return False
+
+    try:
+        paused = CliRunner().invoke(app, ["pause", "prometheus", *where])
+        assert paused.exit_code == 0, paused.output
+        row = rows()["prometheus"]
+        assert (row["running"], row["paused"], row["healthy"]) == (True, True, False)
+        assert not answers()  # the port is open, nothing answers: a hung Prometheus
+        resumed = CliRunner().invoke(app, ["resume", "prometheus", *where])
+        assert resumed.exit_code == 0, resumed.output
+        wait_for(answers, timeout=30, what="Prometheus answering again")
+        assert rows()["prometheus"]["paused"] is False
+        unknown = CliRunner().invoke(app, ["pause", "grafana", *where])
+        assert unknown.exit_code == 2 and "no component 'grafana' in this sandbox" in unknown.output
+        CliRunner().invoke(app, ["pause", "prometheus", *where])
+    finally:
+        down = CliRunner().invoke(app, ["down", *where])
+    assert down.exit_code == 0, down.output
+    assert processes_mentioning(str(state_dir)) == []
