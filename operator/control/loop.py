@@ -288,10 +288,18 @@ class PlanLoop:
             log.warning("AffinityPlan %s/%s: %s", self.namespace, self.name, exc)
         result.seconds["status"] = time.perf_counter() - t0
         self.metrics.step("status", result.seconds["status"])
-        self.metrics.period(time.perf_counter() - started, result.outcome)
+        took = time.perf_counter() - started
+        self.metrics.period(took, result.outcome)
+        self._log_period(result, took)
         if not result.degraded:
             self.metrics.succeeded(self.clock())
         return result
+
+    def _log_period(self, result: PeriodResult, took: float) -> None:
+        """One line per period: what an SRE tailing the log would otherwise find only in status."""
+        applied = result.finding(cond.APPLIED)
+        said = f"; {applied.reason}: {applied.message}" if applied is not None else ""
+        log.info("AffinityPlan %s/%s: period %s in %.2fs%s", self.namespace, self.name, result.outcome, took, said)
 
     async def _timed(self, result: PeriodResult, step: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn` in a worker thread, its duration added to `step`."""

@@ -56,6 +56,10 @@ def test_auto_publishes_the_planners_plan_and_the_router_follows_it(env: Control
     assert condition(obj, "Ready")["status"] == "True"
     assert condition(obj, "MetricsAvailable")["status"] == "True"
     assert condition(obj, "Degraded")["status"] == "False"
+    # The period is told in the operator's log too, not only in the status.
+    told = [r["msg"] for r in operator.records()
+            if r.get("msg", "").startswith(f"AffinityPlan {namespace}/llama: period applied in ")]
+    assert told and f"PlanApplied: plan {status['planVersion']}" in told[0], told
 
     # The same statistics, read from Prometheus at the period's instant, give the same routes.
     at = int(datetime.fromisoformat(published.generated_at.replace("Z", "+00:00")).timestamp())
