@@ -2,8 +2,8 @@
 
 A quantity that is not one, or a probe path without its `/`, would otherwise pass the operator's
 start and fail each pool's reconcile later; each type refuses it naming the value, and gives the
-chart's schema the same rule. Whole numbers are quantities too: Helm's `--set cpuRequest=8` passes
-the number 8.
+chart's schema the same rule. Numbers are quantities too: Helm's `--set cpuRequest=8` passes the
+number 8, YAML's `cpu: 0.5` a float.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE]
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
 
-def whole_number_as_text(value: object) -> object:
-    # Helm's `--set engine.cpuRequest=8` gives the number 8: a count of cores or bytes is a quantity too.
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+def number_as_text(value: object) -> object:
+    # YAML's `cpu: 0.5` and Helm's `--set engine.cpuRequest=8` give numbers: quantities too.
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     return value
 
@@ -41,9 +41,9 @@ def _matching(pattern: str, what: str) -> AfterValidator:
 QUANTITY_WORDS = "a quantity (such as 500m, 2, 256Mi, 1Gi)"
 Quantity = Annotated[
     str,
-    BeforeValidator(whole_number_as_text),
+    BeforeValidator(number_as_text),
     _matching(QUANTITY_PATTERN, QUANTITY_WORDS),
-    WithJsonSchema({"type": ["string", "integer"], "pattern": QUANTITY_PATTERN, "minimum": 0}),
+    WithJsonSchema({"type": ["string", "number"], "pattern": QUANTITY_PATTERN, "minimum": 0}),
 ]
 _PROBE_PATH = r"^/[^\s]*$"
 ProbePath = Annotated[
@@ -51,14 +51,15 @@ ProbePath = Annotated[
     WithJsonSchema({"type": "string", "pattern": _PROBE_PATH}),
 ]
 # An image reference: whatever the runtime resolves, but never empty nor with whitespace.
+IMAGE_PATTERN = r"^[^\s]+$"
 Image = Annotated[
-    str, _matching(r"^[^\s]+$", "an image reference"), WithJsonSchema({"type": "string", "pattern": r"^[^\s]+$"})
+    str, _matching(IMAGE_PATTERN, "an image reference"), WithJsonSchema({"type": "string", "pattern": IMAGE_PATTERN})
 ]
 # A DNS subdomain: the cluster's domain, in the names of its Services.
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
 DnsSubdomain = Annotated[
-    str, _matching(_DNS_SUBDOMAIN, "a DNS domain (such as cluster.local)"),
-    WithJsonSchema({"type": "string", "pattern": _DNS_SUBDOMAIN}),
+    str, _matching(DNS_SUBDOMAIN, "a DNS domain (such as cluster.local)"),
+    WithJsonSchema({"type": "string", "pattern": DNS_SUBDOMAIN}),
 ]
 # A duration Envoy takes, longer than zero.
 _POSITIVE_DURATION = r"^0*[1-9][0-9]*(ms|s)$"
@@ -77,7 +78,7 @@ def _check_resources(resources: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(amounts, dict):
             raise ValueError(f"{section} must be a mapping of resource name to quantity")
         for name, amount in amounts.items():
-            text = whole_number_as_text(amount)
+            text = number_as_text(amount)
             if not isinstance(text, str) or not _QUANTITY.match(text):
                 raise ValueError(f"{section}.{name} {amount!r} is not {QUANTITY_WORDS}")
     return resources

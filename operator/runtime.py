@@ -105,14 +105,33 @@ def api_client(kubeconfig: Path | None, connections: int = 32) -> Any:
 
     configuration = client.Configuration()
     if kubeconfig is not None:
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        _load_kubeconfig(configuration, kubeconfig)
     else:
         try:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
+            _load_kubeconfig(configuration, None)
     configuration.connection_pool_maxsize = connections
     return client.ApiClient(configuration)
+
+
+def _load_kubeconfig(configuration: Any, path: Path | None) -> None:
+    """Credentials from the kubeconfig at `path` (None: the library's default); a file that holds
+    none is a ConfigException naming it, never a parser's or a lookup's exception."""
+    import yaml
+    from kubernetes import client, config
+
+    where = str(path) if path is not None else "the default kubeconfig"
+    try:
+        config.load_kube_config(config_file=str(path) if path is not None else None,
+                                client_configuration=configuration)
+    except config.ConfigException:
+        raise
+    except (yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError) as exc:
+        raise config.ConfigException(f"{where} is not a kubeconfig ({' '.join(str(exc).split())})") from exc
+    if configuration.host == client.Configuration().host:
+        # The library leaves its placeholder (http://localhost) where the cluster names no server.
+        raise config.ConfigException(f"{where}: its current context's cluster names no server")
 
 
 def load_handlers(package: str = "cacheroute.operator.handlers") -> list[str]:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from pydantic.alias_generators import to_camel
 
 from cacheroute.operator.config import OPERATOR_IMAGE_REPOSITORY, EngineDefaults, ProfilingDefaults, RouterDefaults
-from cacheroute.operator.kubevalues import whole_number_as_text
+from cacheroute.operator.kubevalues import DNS_SUBDOMAIN, IMAGE_PATTERN, number_as_text
 
 # Kubernetes objects the chart passes through unchanged (resources, affinity, tolerations, ...).
 KubeObject = dict[str, Any]
@@ -26,7 +26,7 @@ class _Values(BaseModel):
 
 
 # Helm's `--set operator.image.tag=2` gives the number 2.
-ImageTag = Annotated[str, BeforeValidator(whole_number_as_text), WithJsonSchema({"type": ["string", "integer"]})]
+ImageTag = Annotated[str, BeforeValidator(number_as_text), WithJsonSchema({"type": ["string", "integer"]})]
 
 
 class Crds(_Values):
@@ -43,7 +43,7 @@ class Crds(_Values):
 
 
 class Image(_Values):
-    repository: str = Field(default=OPERATOR_IMAGE_REPOSITORY, min_length=1, description="Image repository.")
+    repository: str = Field(default=OPERATOR_IMAGE_REPOSITORY, pattern=IMAGE_PATTERN, description="Image repository.")
     tag: ImageTag = Field(default="", description="Image tag; empty means the chart's appVersion.")
     digest: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$", description="Pin by digest (wins over tag).")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -151,7 +151,8 @@ class Operator(_Values):
     )
     workers: int = Field(default=16, ge=1, le=256, description="`--workers`: threads for API work.")
     cluster_domain: str = Field(
-        default="cluster.local", min_length=1, description="DNS domain of Services (the routers' fail-open address)."
+        default="cluster.local", pattern=DNS_SUBDOMAIN,
+        description="DNS domain of Services (the routers' fail-open address).",
     )
     profiling: ProfilingDefaults = Field(
         default_factory=ProfilingDefaults, description="Profiled memory mode's Job (operator configuration file)."
@@ -196,7 +197,8 @@ class Router(RouterDefaults):
     """Defaults of every pool's router Deployment (the operator's configuration file, `router:`)."""
 
     image: str = Field(
-        default="", description="Router image; empty means the operator's image (one image, two roles)."
+        default="", pattern=r"^([^\s]+)?$",
+        description="Router image; empty means the operator's image (one image, two roles).",
     )
 
 

@@ -166,6 +166,7 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
         workers=workers,
         log_level=log_level,
     )
+    from aiohttp import ClientConnectionError
     from kubernetes.config import ConfigException
     from urllib3.exceptions import HTTPError as TransportError
 
@@ -176,7 +177,8 @@ def run(  # noqa: PLR0917 - one parameter per command-line option
     except ConfigException as exc:
         # The kubeconfig (or the pod's ServiceAccount files) could not be read into credentials.
         raise fail(f"kubeconfig: {exc}") from None
-    except TransportError as exc:
+    except (TransportError, ClientConnectionError) as exc:
+        # The operator's client (urllib3) or, with --standalone, kopf's first watch (aiohttp).
         reason = getattr(exc, "reason", None) or exc
         raise fail(f"operator failed: cannot reach the API server ({reason})", 1) from None
     except (OSError, KubeError) as exc:

@@ -143,6 +143,9 @@ def test_the_schema_refuses_wrong_types_and_unknown_keys(helm: Helm) -> None:
         "router.envoy.failureModeAllow": ("maybe", "at '/router/envoy/failureModeAllow': got string, want boolean"),
         "operator.replica": (2, "at '/operator': additional properties 'replica' not allowed"),
         "operator.logLevel": ("loud", "at '/operator/logLevel'"),
+        "router.image": ("a b", "at '/router/image'"),
+        "operator.clusterDomain": ("not a domain", "at '/operator/clusterDomain'"),
+        "operator.image.repository": ("a b", "at '/operator/image/repository'"),
     }
     for path, (value, message) in cases.items():
         with pytest.raises(HelmError) as failed:
@@ -178,9 +181,10 @@ def test_defaults_the_operator_would_refuse_are_refused_at_render(
 def test_whole_numbers_given_with_set_are_quantities_and_tags(helm: Helm, tmp_path: Path) -> None:
     # `helm --set engine.cpuRequest=8` passes the number 8, as --set-json does here.
     objects = helm.template("n", "default", {"engine.cpuRequest": 8, "engine.memoryRequest": 68719476736,
-                                             "operator.image.tag": 2, "router.resources": {"requests": {"cpu": 2}}})
+                                             "operator.image.tag": 2, "router.resources": {"requests": {"cpu": 0.5}}})
     config = _operator_config(objects, tmp_path)
     assert (config.engine.cpu_request, config.engine.memory_request) == ("8", "68719476736")
+    assert config.router.resources["requests"]["cpu"] == 0.5
     assert config.router.image == "ghcr.io/cacheroute/cacheroute:2"
 
 

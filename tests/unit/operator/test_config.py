@@ -15,6 +15,7 @@ from cacheroute.operator.config import ConfigError, load_config
         ("engine: {shmSizeLimit: lots}", "engine.shmSizeLimit: 'lots' is not a quantity (such as 500m, 2, 256Mi, 1Gi)"),
         ("engine: {memoryRequest: -5Gi}", "engine.memoryRequest: '-5Gi' is not a quantity"),
         ("engine: {cpuRequest: 2 cores}", "engine.cpuRequest: '2 cores' is not a quantity"),
+        ("engine: {cpuRequest: -1}", "engine.cpuRequest: '-1' is not a quantity"),
         ("engine: {readinessPath: v1/models}", "engine.readinessPath: 'v1/models' is not a URL path (starting with /)"),
         ("router: {image: 'my image:1'}", "router.image: 'my image:1' is not an image reference"),
         ("router: {resources: {requests: {cpu: banana}}}",
@@ -43,12 +44,13 @@ def test_values_kubernetes_would_refuse_are_refused_naming_the_field(tmp_path: P
 def test_whole_numbers_are_quantities_and_every_form_the_api_server_takes_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "operator.yaml"
     path.write_text("engine: {cpuRequest: 8, memoryRequest: 68719476736, shmSizeLimit: 1.5Gi}\n"
-                    "router: {resources: {requests: {cpu: 1500m, memory: 1e9}, limits: {memory: 2G}}}\n"
+                    "router: {resources: {requests: {cpu: 1500m, memory: 1e9}, limits: {memory: 2G, cpu: 0.5}}}\n"
                     "clusterDomain: corp.example\n")
     config = load_config(path)
     assert (config.engine.cpu_request, config.engine.memory_request) == ("8", "68719476736")
     assert config.engine.shm_size_limit == "1.5Gi"
-    assert config.router.resources == {"requests": {"cpu": "1500m", "memory": "1e9"}, "limits": {"memory": "2G"}}
+    assert config.router.resources == {"requests": {"cpu": "1500m", "memory": "1e9"},
+                                       "limits": {"memory": "2G", "cpu": 0.5}}
     assert config.cluster_domain == "corp.example"
 
 
@@ -61,3 +63,9 @@ def test_a_key_given_twice_and_broken_yaml_are_refused_at_their_line_in_the_file
     broken.write_text("engine: [\n")
     with pytest.raises(ConfigError, match=r"in \".*broken.yaml\", line 2"):
         load_config(broken)
+
+
+def test_a_fractional_number_is_a_quantity() -> None:
+    from cacheroute.operator.config import EngineDefaults
+
+    assert EngineDefaults.model_validate({"cpuRequest": 0.5}).cpu_request == "0.5"

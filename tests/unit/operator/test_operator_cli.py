@@ -70,6 +70,24 @@ def test_a_kubeconfig_without_a_context_is_bad_input_and_an_api_server_away_is_t
     assert "internal error" not in result.output and "port=1" in result.output
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: [\n", "is not a kubeconfig (while parsing a flow node"),
+        ("- a\n- b\n", "is not a kubeconfig (list indices must be integers"),
+        ("apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters: [{name: c, cluster: {}}]\n"
+         "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n",
+         "its current context's cluster names no server"),
+    ],
+)
+def test_a_file_that_is_no_kubeconfig_is_bad_input_naming_it(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(text)
+    result = runner.invoke(app, ["operator", "run", "-A", "--kubeconfig", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: kubeconfig: {path}") and message in result.output
+
+
 def test_log_level_and_format_are_read_in_any_case(tmp_path: Path) -> None:
     no_context = tmp_path / "no-context.yaml"
     no_context.write_text("apiVersion: v1\nkind: Config\n")
