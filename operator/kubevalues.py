@@ -9,9 +9,12 @@ number 8, YAML's `cpu: 0.5` a float.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, GetCoreSchemaHandler, GetJsonSchemaHandler, WithJsonSchema
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 # A Kubernetes resource quantity that is not negative, in apimachinery's forms: a decimal number,
 # then a binary suffix (Ki to Ei), a decimal one (n, u, m, k, M, G, T, P, E) or an exponent.
@@ -26,47 +29,46 @@ def number_as_text(value: object) -> object:
     return value
 
 
-def _matching(pattern: str, what: str) -> AfterValidator:
-    """A check that a text matches `pattern`, refusing it as "'x' is not <what>" (not as the regex)."""
-    compiled = re.compile(pattern)
+@dataclass(frozen=True)
+class Matching:
+    """Metadata of an `Annotated` text: it must match `pattern`, and is refused as "'x' is not
+    <what>" rather than with the regex; the JSON schema (the chart's) carries the pattern."""
 
-    def check(value: str) -> str:
-        if not compiled.match(value):
-            raise ValueError(f"{value!r} is not {what}")
-        return value
+    pattern: str
+    what: str
 
-    return AfterValidator(check)
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        compiled = re.compile(self.pattern)
+
+        def check(value: str) -> str:
+            if not compiled.match(value):
+                raise ValueError(f"{value!r} is not {self.what}")
+            return value
+
+        return core_schema.no_info_after_validator_function(check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        out = handler(schema)
+        out["pattern"] = self.pattern
+        return out
 
 
 QUANTITY_WORDS = "a quantity (such as 500m, 2, 256Mi, 1Gi)"
 Quantity = Annotated[
     str,
     BeforeValidator(number_as_text),
-    _matching(QUANTITY_PATTERN, QUANTITY_WORDS),
+    Matching(QUANTITY_PATTERN, QUANTITY_WORDS),
     WithJsonSchema({"type": ["string", "number"], "pattern": QUANTITY_PATTERN, "minimum": 0}),
 ]
-_PROBE_PATH = r"^/[^\s]*$"
-ProbePath = Annotated[
-    str, _matching(_PROBE_PATH, "a URL path (starting with /)"),
-    WithJsonSchema({"type": "string", "pattern": _PROBE_PATH}),
-]
+ProbePath = Annotated[str, Matching(r"^/[^\s]*$", "a URL path (starting with /)")]
 # An image reference: whatever the runtime resolves, but never empty nor with whitespace.
 IMAGE_PATTERN = r"^[^\s]+$"
-Image = Annotated[
-    str, _matching(IMAGE_PATTERN, "an image reference"), WithJsonSchema({"type": "string", "pattern": IMAGE_PATTERN})
-]
+Image = Annotated[str, Matching(IMAGE_PATTERN, "an image reference")]
 # A DNS subdomain: the cluster's domain, in the names of its Services.
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
-DnsSubdomain = Annotated[
-    str, _matching(DNS_SUBDOMAIN, "a DNS domain (such as cluster.local)"),
-    WithJsonSchema({"type": "string", "pattern": DNS_SUBDOMAIN}),
-]
+DnsSubdomain = Annotated[str, Matching(DNS_SUBDOMAIN, "a DNS domain (such as cluster.local)")]
 # A duration Envoy takes, longer than zero.
-_POSITIVE_DURATION = r"^0*[1-9][0-9]*(ms|s)$"
-PositiveDuration = Annotated[
-    str, _matching(_POSITIVE_DURATION, "a duration longer than 0 (such as 500ms, 5s)"),
-    WithJsonSchema({"type": "string", "pattern": _POSITIVE_DURATION}),
-]
+PositiveDuration = Annotated[str, Matching(r"^0*[1-9][0-9]*(ms|s)$", "a duration longer than 0 (such as 500ms, 5s)")]
 
 
 def _check_resources(resources: dict[str, Any]) -> dict[str, Any]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from cacheroute.operator import runtime
 from cacheroute.operator.cli.main import app
+from tests.support.operator import decoy_kubeconfig
 
 runner = CliRunner()
 
@@ -57,13 +57,7 @@ def test_a_kubeconfig_without_a_context_is_bad_input_and_an_api_server_away_is_t
     result = runner.invoke(app, ["operator", "run", "-A", "--kubeconfig", str(no_context)])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: kubeconfig: ") and "current-context" in result.output
-    away = tmp_path / "away.yaml"
-    away.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
+    away = decoy_kubeconfig(tmp_path)
     result = runner.invoke(app, ["operator", "run", "-A", "--kubeconfig", str(away), "--health-address", "127.0.0.1:0"])
     assert result.exit_code == 1, result.output
     assert "error: operator failed: cannot reach the API server" in result.output
