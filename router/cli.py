@@ -302,12 +302,13 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
             metrics_port=metrics_port,
             envoy_admin_socket=envoy_admin_socket,
             plan_dir=plan_dir,
-            namespace=namespace,
-            pool=pool,
+            # An empty value (a variable set to nothing) is no value.
+            namespace=namespace or None,
+            pool=pool or None,
             kubeconfig=kubeconfig,
             plan_poll_interval=plan_poll_interval,
             endpoints=tuple(e for e in re.split(r"[,\s]+", endpoints) if e),
-            service=service,
+            service=service or None,
             target_port=target_port,
             keys=KeyOverrides(key_header, body_field, session_header, prompt_prefix_chars),
             spill_threshold=spill_threshold,
@@ -331,7 +332,7 @@ def serve(  # noqa: PLR0917 - one parameter per command-line option
         eventloop.resolve(settings.event_loop)
     except (SettingsError, eventloop.EventLoopError) as exc:
         raise _fail(str(exc)) from None
-    if plan_dir is None and pool is None and service is None and not settings.endpoints:
+    if plan_dir is None and settings.pool is None and settings.service is None and not settings.endpoints:
         raise _fail("give where routes come from: --plan-dir or --pool (a plan), --service or --endpoints "
                     "(endpoints without one)")
     if plan_dir is not None and not plan_dir.is_dir():

@@ -46,6 +46,7 @@ runner = CliRunner()
         ([], "give where routes come from: --plan-dir or --pool (a plan), --service or --endpoints"),
         (["--endpoints", "10.0.0.1:80", "--namespace", "llm"], "namespace is where pool's ConfigMaps"),
         (["--endpoints", "10.0.0.1:80", "--target-port", "8000"], "target-port is the port on a service's"),
+        (["--pool", "", "--service", "", "--namespace", ""], "give where routes come from"),
         (["--endpoints", "10.0.0.1:80", "--key-header", "bad header"],
          "key-header 'bad header' is not an HTTP header name"),
         (["--endpoints", "10.0.0.1:80", "--session-header", "x:y"], "session-header 'x:y' is not an HTTP header"),
