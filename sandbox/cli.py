@@ -187,10 +187,12 @@ def _signal_component(component: str, name: str, state_dir: Path | None, *, resu
     except SandboxError as exc:
         raise fail(str(exc), WORLD) from None
     try:
-        (sandbox.resume if resume else sandbox.pause)(component)
+        changed = (sandbox.resume if resume else sandbox.pause)(component)
     except SandboxError as exc:
         raise fail(str(exc)) from None
-    Console(stderr=True).print(f"{component} {'resumed' if resume else 'paused'}", soft_wrap=True)
+    said = {(True, True): "resumed", (True, False): "was not paused", (False, True): "paused",
+            (False, False): "was paused already"}[(resume, changed)]
+    Console(stderr=True).print(f"{component} {said}", soft_wrap=True)
 
 
 @app.command()

@@ -284,13 +284,22 @@ class Sandbox:
             rows.append(ComponentStatus(record.name, running, healthy, record.url, record.pid, record.log, stopped))
         return rows
 
-    def pause(self, name: str) -> None:
-        """Stop component `name` answering (SIGSTOP), as a hung server: a failure drill."""
-        pause_pid(self._running_component(name).pid)
+    def pause(self, name: str) -> bool:
+        """Stop component `name` answering (SIGSTOP), as a hung server: a failure drill. False
+        when it was paused already."""
+        pid = self._running_component(name).pid
+        if paused(pid):
+            return False
+        pause_pid(pid)
+        return True
 
-    def resume(self, name: str) -> None:
-        """Let a paused component run again (SIGCONT)."""
-        resume_pid(self._running_component(name).pid)
+    def resume(self, name: str) -> bool:
+        """Let a paused component run again (SIGCONT); False when it was not paused."""
+        pid = self._running_component(name).pid
+        if not paused(pid):
+            return False
+        resume_pid(pid)
+        return True
 
     def _running_component(self, name: str) -> ComponentRecord:
         record = self.state.components.get(name)

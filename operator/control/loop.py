@@ -297,8 +297,10 @@ class PlanLoop:
 
     def _log_period(self, result: PeriodResult, took: float) -> None:
         """One line per period: what an SRE tailing the log would otherwise find only in status."""
-        applied = result.finding(cond.APPLIED)
-        said = f"; {applied.reason}: {applied.message}" if applied is not None else ""
+        # A failed period is told by what degraded it (Prometheus away, the API refusing), else by Applied.
+        told = result.finding(cond.DEGRADED) if result.outcome == "failed" else None
+        told = told or result.finding(cond.APPLIED)
+        said = f"; {told.reason}: {told.message}" if told is not None else ""
         log.info("AffinityPlan %s/%s: period %s in %.2fs%s", self.namespace, self.name, result.outcome, took, said)
 
     async def _timed(self, result: PeriodResult, step: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiohttp import web
 
 from cacheroute.sandbox.emulator.args import ENV_LOAD_SECONDS
@@ -120,6 +121,7 @@ class PodRuntime:
         self._in_namespace = parse_selector(self.options.namespace_selector)
         self._in_pods = parse_selector(self.options.pod_selector)
         self._events: dict[tuple[str, str, str], float] = {}
+        self._posting: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
 
@@ -328,8 +330,15 @@ class PodRuntime:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        with contextlib.suppress(ApiError, OSError):
-            await self.client.post(f"/api/v1/namespaces/{meta['namespace']}/events", body)
+        # Posted beside the work, as a kubelet's event recorder does: an API server that hangs
+        # must not hold up stopping a container behind its "Killing" Event.
+        task = asyncio.get_running_loop().create_task(self._post_event(meta["namespace"], body))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def _post_event(self, namespace: str, body: Obj) -> None:
+        with contextlib.suppress(ApiError, OSError, httpx.HTTPError):
+            await self.client.post(f"/api/v1/namespaces/{namespace}/events", body)
 
     # -- running ----------------------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from cacheroute.sandbox.emulator.args import EmulatorArgsError
 from cacheroute.sandbox.emulator.host import container_emulator
 from cacheroute.sandbox.runtime import podenv
@@ -518,13 +520,25 @@ class PodWorker:
                     await task
         if self.shutdown_grace is not None:
             return
-        await self._flush_status()
-        await self._remove()
+        # A pod must not stay Terminating because the API server hung when it ended: the last
+        # status and the removal are tried again until they reach it, as a kubelet does.
+        await _until_reached(self._flush_status)
+        await _until_reached(self._removed)
 
     async def _remove(self) -> None:
+        await _until_reached(self._removed)
+
+    async def _removed(self) -> bool:
+        """Remove the pod object; False when the API server could not be reached."""
         if self.gone or self.shutdown_grace is not None:
-            return
-        await self.runtime.remove_pod(self.pod)
+            return True
+        try:
+            await self.runtime.remove_pod(self.pod)
+        except httpx.HTTPError as exc:
+            log.warning("pod %s/%s: not removed, the API server did not answer (%s); trying again",
+                        self.namespace, self.name, type(exc).__name__)
+            return False
+        return True
 
     # -- status ---------------------------------------------------------------------------------
 
@@ -564,20 +578,34 @@ class PodWorker:
         while True:
             await self._status_dirty.wait()
             self._status_dirty.clear()
-            await self._flush_status()
+            await _until_reached(self._flush_status)
 
-    async def _flush_status(self) -> None:
+    async def _flush_status(self) -> bool:
+        """Patch the pod's status if it changed; False when the API server could not be reached."""
         if self.gone:
-            return
+            return True
         status = self.status()
         # What was patched may have been written over since (a stale kwok stage): the pod as
         # observed decides, not the memory of the last patch.
         if status == self._patched and status_shows(self.pod.get("status") or {}, status):
-            return
+            return True
         try:
             await self.runtime.patch_status(self.pod, status)
             self._patched = status
+        except httpx.HTTPError as exc:
+            log.warning("pod %s/%s: status not patched, the API server did not answer (%s); trying again",
+                        self.namespace, self.name, type(exc).__name__)
+            return False
         except ApiError as exc:
             if exc.status in (404, 409):
-                return
+                return True
             log.warning("pod %s/%s: status not patched: %s", self.namespace, self.name, exc)
+        return True
+
+
+async def _until_reached(call: Callable[[], Awaitable[bool]]) -> None:
+    """Await `call` until it returns True (it reached the API server), backing off up to 5 s."""
+    delay = 0.5
+    while not await call():
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 5.0)

@@ -349,3 +349,32 @@ def test_a_pod_the_runtime_runs_is_reported_again_after_a_stale_stage(kube_api: 
         return ready(now) and now.status.container_statuses[0].state.running is not None
 
     wait_for(running_and_ready, timeout=15, what="the container reported running and ready again")
+
+
+def test_a_pod_deleted_while_the_api_server_hangs_goes_once_it_answers(
+    sandbox: Sandbox, kube_api: Any, runtime_namespace: str
+) -> None:
+    ns = runtime_namespace
+    core = client.CoreV1Api(kube_api)
+    core.create_namespaced_pod(ns, {"metadata": {"name": "outlived"}, "spec": {
+        **nodes.gpu_scheduling(), "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "c", "image": CACHEROUTE_IMAGE, "command": ["sleep", "3600"]}]}})
+    wait_for(lambda: ready(core.read_namespaced_pod("outlived", ns)), timeout=60, what="the pod ready")
+    log = sandbox.state_dir / "logs" / "pod-runtime.log"
+    start = len(log.read_text())
+
+    def told_unreachable() -> bool:
+        return any(f"{ns}/outlived: " in line and "the API server did not answer" in line
+                   for line in log.read_text()[start:].splitlines())
+
+    core.delete_namespaced_pod("outlived", ns)
+    sandbox.pause("kube-apiserver")
+    try:
+        # The runtime stops the container, then cannot write the pod's last status or remove it.
+        wait_for(told_unreachable, timeout=90, what="the runtime finding the API server away")
+    finally:
+        sandbox.resume("kube-apiserver")
+    told = [line for line in log.read_text()[start:].splitlines() if "outlived" in line]
+    wait_for(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=outlived").items,
+             timeout=60, what=f"the pod to go once the API server answers (runtime: {told[-5:]})")
+    assert "outlived: the runtime failed" not in log.read_text()[start:]

@@ -169,8 +169,12 @@ def test_a_paused_component_hangs_until_resumed_and_down_still_stops_it(tmp_path
         row = rows()["prometheus"]
         assert (row["running"], row["paused"], row["healthy"]) == (True, True, False)
         assert not answers()  # the port is open, nothing answers: a hung Prometheus
+        again = CliRunner().invoke(app, ["pause", "prometheus", *where])
+        assert again.exit_code == 0 and "prometheus was paused already" in again.output
         resumed = CliRunner().invoke(app, ["resume", "prometheus", *where])
         assert resumed.exit_code == 0, resumed.output
+        not_paused = CliRunner().invoke(app, ["resume", "prometheus", *where])
+        assert not_paused.exit_code == 0 and "prometheus was not paused" in not_paused.output
         wait_for(answers, timeout=30, what="Prometheus answering again")
         assert rows()["prometheus"]["paused"] is False
         unknown = CliRunner().invoke(app, ["pause", "grafana", *where])
