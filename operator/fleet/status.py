@@ -174,6 +174,10 @@ def verdicts(
     the cluster serves no GIE InferencePool to publish the pool as."""
     pods = [p for p in facts.pods if p.ordinal < spec.replicas and not p.terminating]
     ready = sum(1 for p in pods if p.ready)
+    # A replica the StatefulSet replaces only once its pod is gone: named, so that one stuck
+    # terminating (its node or kubelet not answering) is found from the pool.
+    leaving = [p.name for p in facts.pods if p.ordinal < spec.replicas and p.terminating]
+    still = f"; {', '.join(leaving)} terminating (replaced once gone)" if leaving else ""
     sts = facts.statefulset
     out: dict[str, Verdict] = {}
 
@@ -247,7 +251,7 @@ def verdicts(
         )
     elif len(pods) < spec.replicas or sts.replicas > spec.replicas:
         reason = "ScalingUp" if sts.replicas <= spec.replicas else "ScalingDown"
-        out["Progressing"] = Verdict("True", reason, f"{len(pods)} of {spec.replicas} replicas exist")
+        out["Progressing"] = Verdict("True", reason, f"{len(pods)} of {spec.replicas} replicas exist{still}")
     elif ready < spec.replicas:
         out["Progressing"] = Verdict("True", "Starting", f"{ready}/{spec.replicas} replicas ready")
     else:
@@ -259,7 +263,7 @@ def verdicts(
         out["Ready"] = Verdict("False", out["Degraded"].reason, out["Degraded"].message)
     elif ready < spec.replicas:
         reason = "Updating" if updating else "PodsNotReady"
-        out["Ready"] = Verdict("False", reason, f"{ready}/{spec.replicas} replicas ready")
+        out["Ready"] = Verdict("False", reason, f"{ready}/{spec.replicas} replicas ready{still}")
     elif not router_ok:
         out["Ready"] = Verdict("False", "RouterNotReady", f"no router replica of {spec.router.replicas} is available")
     elif spec.router.replicas == 0:

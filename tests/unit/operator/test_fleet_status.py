@@ -107,6 +107,9 @@ def test_a_deleted_pod_is_pods_not_ready_not_a_rollout() -> None:
     gone = FleetFacts([pod(0), pod(2)], workload(2, 2, updated=2), ROUTER)
     v = verdicts(SPEC, PLANNED, gone)
     assert (v["Ready"].reason, v["Progressing"].reason) == ("PodsNotReady", "ScalingUp")
+    leaving = verdicts(SPEC, PLANNED, FleetFacts([pod(0), pod(1, terminating=True), pod(2)], workload(3, 2), ROUTER))
+    assert leaving["Ready"].message == "2/3 replicas ready; llama-1 terminating (replaced once gone)"
+    assert leaving["Progressing"].message == "2 of 3 replicas exist; llama-1 terminating (replaced once gone)"
     back = FleetFacts([pod(0), pod(1, ready=False), pod(2)], workload(3, 2, updated=3), ROUTER)
     v = verdicts(SPEC, PLANNED, back)
     assert (v["Ready"].reason, v["Progressing"].reason) == ("PodsNotReady", "Starting")
