@@ -130,7 +130,7 @@ def _load_kubeconfig(configuration: Any, path: Path | None) -> None:
     except (yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError) as exc:
         raise config.ConfigException(f"{where} is not a kubeconfig ({' '.join(str(exc).split())})") from exc
     if configuration.host == client.Configuration().host:
-        # The library leaves its placeholder (http://localhost) where the cluster names no server.
+        # Where the cluster names no server, the library keeps its default host (http://localhost).
         raise config.ConfigException(f"{where}: its current context's cluster names no server")
 
 

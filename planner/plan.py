@@ -195,6 +195,12 @@ def plan_from_routes(
 # --- validation: what a router may rely on ---------------------------------------------------------
 
 
+def host_port(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets: how plans, routers, Envoy and gRPC write an
+    address (`parse_destination_address` reads it back)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def parse_destination_address(text: object) -> tuple[str, int]:
     """(host, port) of a destination address: `ip:port`, `[ipv6]:port` or `host:port`.
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cacheroute.planner.plan import host_port
+
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 BODY_MODES = ("NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED")
 DEFAULT_MAX_REQUEST_BYTES = 16 << 20
@@ -206,7 +208,7 @@ def pod_bootstrap(options: PodEnvoyOptions) -> dict[str, Any]:
     """
     ip = options.pod_ip
     gateway = replace(options.gateway, listen_address=ip, listen_port=options.listen_port)
-    router = f"[{ip}]:{options.ext_proc_port}" if ":" in ip else f"{ip}:{options.ext_proc_port}"
+    router = host_port(ip, options.ext_proc_port)
     document = gateway_bootstrap(router, ["127.0.0.1:1"], gateway)
     resources = document["static_resources"]
     clusters = [c for c in resources["clusters"] if c["name"] != "pool"]

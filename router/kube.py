@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cacheroute.planner.plan import host_port
 from cacheroute.planner.plan_format import MAX_PAYLOAD_BYTES
 from cacheroute.router.endpoints import SliceEndpoint
 from cacheroute.router.settings import SettingsError, parse_address
@@ -259,7 +260,7 @@ def slice_endpoints(slices: Mapping[str, Any], target_port: int | None) -> dict[
             pod = str((ep.get("targetRef") or {}).get("name") or "")
             for ip in ep.get("addresses") or []:
                 try:
-                    address = parse_address(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+                    address = parse_address(host_port(ip, port))
                 except SettingsError:
                     continue
                 found[address] = SliceEndpoint(address, pod, ready)

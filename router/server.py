@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from cacheroute.planner.plan import host_port
 from cacheroute.router import native
 from cacheroute.router.endpoints import EndpointPool, SliceEndpoint
 from cacheroute.router.envoy import MAX_REQUEST_BYTES
@@ -55,11 +56,6 @@ def check_bindable(host: str, port: int, what: str) -> None:
                 probe.bind(address)
             except OSError as exc:
                 raise BindError(f"{what} {host}:{port}: cannot listen ({exc.strerror or exc})") from None
-
-
-def listen_address(host: str, port: int) -> str:
-    """gRPC's host:port, an IPv6 address in brackets (gRPC reads `::1:9002` as a name)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Router:
@@ -178,7 +174,8 @@ class Router:
         ExternalProcessor(self.core).add_to(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            self.grpc_port = server.add_insecure_port(listen_address(s.grpc_host, s.grpc_port))
+            # In brackets for IPv6: gRPC reads `::1:9002` as a name.
+            self.grpc_port = server.add_insecure_port(host_port(s.grpc_host, s.grpc_port))
         except RuntimeError as exc:
             raise BindError(f"grpc {s.grpc_host}:{s.grpc_port}: cannot listen ({exc})") from None
         if self.grpc_port == 0:

@@ -16,6 +16,7 @@ from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.fleet.memory import MemoryOutcome
 from cacheroute.operator.fleet.profiling_job import memory_plan_status
 from cacheroute.operator.fleet.statefulset import GPU_PRODUCT_LABEL
+from cacheroute.planner.plan import host_port
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 CONDITION_TYPES = ("Ready", "MemoryPlanned", "Progressing", "Degraded")
@@ -121,11 +122,6 @@ class Verdict:
     status: ConditionStatus
     reason: str
     message: str
-
-
-def host_port(ip: str, port: int) -> str:
-    """`ip:port`, an IPv6 address in brackets (as routers and Envoy read it)."""
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def destinations(pods: Iterable[PodFacts], replicas: int, port: int) -> list[dict[str, Any]]:

@@ -523,7 +523,7 @@ class PodWorker:
         # A pod must not stay Terminating because the API server hung when it ended: the last
         # status and the removal are tried again until they reach it, as a kubelet does.
         await _until_reached(self._flush_status)
-        await _until_reached(self._removed)
+        await self._remove()
 
     async def _remove(self) -> None:
         await _until_reached(self._removed)

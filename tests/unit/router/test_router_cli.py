@@ -12,8 +12,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from cacheroute.planner.plan import host_port
 from cacheroute.router.cli import app
-from cacheroute.router.server import listen_address
 from cacheroute.router.settings import RouterSettings, SettingsError, parse_address
 from cacheroute.sandbox.process import wait_until
 
@@ -108,8 +108,8 @@ def test_addresses_are_normalised() -> None:
 
 def test_an_ipv6_listening_address_binds_bare_or_in_brackets() -> None:
     assert RouterSettings(grpc_host="[::1]", metrics_host="::1").grpc_host == "::1"
-    assert listen_address("::1", 9002) == "[::1]:9002"
-    assert listen_address("10.0.0.7", 9002) == "10.0.0.7:9002"
+    assert host_port("::1", 9002) == "[::1]:9002"
+    assert host_port("10.0.0.7", 9002) == "10.0.0.7:9002"
 
 
 def test_the_router_serves_grpc_on_an_ipv6_address(tmp_path: Path) -> None:
