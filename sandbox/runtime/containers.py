@@ -28,6 +28,9 @@ from cacheroute.sandbox.runtime.logs import LogFile
 _PR_SET_PDEATHSIG = 1
 _READ_CHUNK = 64 * 1024
 _UNSHARE = ("unshare", "--mount", "--propagation", "private", "--")
+# What a container stopped after its grace period is spent still gets, as a kubelet gives a
+# preStop hook that ran over (2 s).
+_LEAST_STOP_S = 2.0
 
 
 class ContainerStartError(RuntimeError):
@@ -197,8 +200,14 @@ class EmulatorRun:
         return self._code
 
     async def stop(self, grace: float) -> None:
-        await self.emulator.stop()
+        # vLLM exits with status 0 on SIGTERM after shutting its server down; one that outlives
+        # the grace period is killed (137), so that no server can keep a pod Terminating.
+        code = 0
+        try:
+            await asyncio.wait_for(self.emulator.stop(), max(grace, _LEAST_STOP_S))
+        except TimeoutError:
+            self.log.line(f"ERROR the server did not stop within {max(grace, _LEAST_STOP_S):.0f}s: killed", "stderr")
+            code = 137
         if not self._stopped.is_set():
-            # vLLM exits with status 0 on SIGTERM after shutting its server down.
-            self._code = 0
+            self._code = code
             self._stopped.set()

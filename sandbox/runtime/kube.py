@@ -27,6 +27,34 @@ class ApiError(RuntimeError):
         self.status = status
 
 
+def worth_retrying(exc: BaseException) -> bool:
+    """Whether the same call may succeed later: the API server was not reached, or could not act
+    just now (overloaded, timed out, a webhook failing), as opposed to refusing the request."""
+    if isinstance(exc, httpx.HTTPError):
+        return True
+    return isinstance(exc, ApiError) and (exc.status >= 500 or exc.status == 429)
+
+
+async def until_reached(call: Callable[[], Awaitable[Any]], what: str) -> None:
+    """Await `call` until the API server takes it, as a kubelet retries: errors worth retrying are
+    logged (`what` names the call) and tried again with a back-off up to 5 s; others are raised."""
+    delay = 0.5
+    while True:
+        try:
+            await call()
+            return
+        except (httpx.HTTPError, ApiError) as exc:
+            if not worth_retrying(exc):
+                raise
+            if isinstance(exc, httpx.HTTPError):
+                why = f"the API server did not answer ({type(exc).__name__})"
+            else:
+                why = f"the API server could not take it ({exc})"
+            log.warning("%s, %s; trying again", what, why)
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 5.0)
+
+
 @dataclass(frozen=True)
 class Credentials:
     server: str

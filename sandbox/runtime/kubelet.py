@@ -31,7 +31,14 @@ from cacheroute.sandbox.runtime import podenv
 from cacheroute.sandbox.runtime.cache import ObjectCache
 from cacheroute.sandbox.runtime.containers import mount_namespace_problem
 from cacheroute.sandbox.runtime.images import ImageDriver, ImageRegistry, default_registry
-from cacheroute.sandbox.runtime.kube import ApiError, Credentials, KubeClient, list_and_watch
+from cacheroute.sandbox.runtime.kube import (
+    ApiError,
+    Credentials,
+    KubeClient,
+    list_and_watch,
+    until_reached,
+    worth_retrying,
+)
 from cacheroute.sandbox.runtime.pod import PodWorker, now_rfc3339
 from cacheroute.sandbox.runtime.probes import Prober
 from cacheroute.sandbox.runtime.reported import status_shows
@@ -122,6 +129,7 @@ class PodRuntime:
         self._in_pods = parse_selector(self.options.pod_selector)
         self._events: dict[tuple[str, str, str], float] = {}
         self._posting: set[asyncio.Task[None]] = set()
+        self._removing: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
 
@@ -177,7 +185,13 @@ class PodRuntime:
         if worker is not None:
             worker.update(pod)
             return
-        if uid in self._finished or (uid in self._passthrough and self._passthrough[uid].removing):
+        if uid in self._finished:
+            # A kubelet keeps removing what it ran: a pod whose worker ended without removing it
+            # (the worker failed) must not stay Terminating for good.
+            if pod["metadata"].get("deletionTimestamp"):
+                self._remove_later(pod)
+            return
+        if uid in self._passthrough and self._passthrough[uid].removing:
             return
         node = pod.get("spec", {}).get("nodeName")
         if not node or not self.registry.served(pod) or not await self._is_sandbox_node(node):
@@ -204,7 +218,7 @@ class PodRuntime:
         state = self._passthrough.setdefault(uid, _Passthrough())
         if pod["metadata"].get("deletionTimestamp"):
             state.removing = True
-            await self.remove_pod(pod)
+            self._remove_later(pod)
             return
         observed = pod.get("status") or {}
         if not observed.get("podIP"):
@@ -241,8 +255,24 @@ class PodRuntime:
                  "preconditions": {"uid": meta["uid"]}},
             )
         except ApiError as exc:
+            if worth_retrying(exc):
+                raise
             if exc.status not in (404, 409):
                 log.warning("pod %s/%s not removed: %s", meta["namespace"], meta["name"], exc)
+
+    def _remove_later(self, pod: Obj) -> None:
+        """Remove a deleted pod that no worker runs, beside the watch (which must not wait on it),
+        trying until the API server takes it."""
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if uid in self._removing:
+            return
+        what = f"pod {meta['namespace']}/{meta['name']}"
+        task = asyncio.get_running_loop().create_task(
+            until_reached(functools.partial(self.remove_pod, pod), f"{what}: not removed"), name=f"remove {what}"
+        )
+        self._removing[uid] = task
+        task.add_done_callback(lambda _task: self._removing.pop(uid, None))
 
     async def token(self, pod: Obj, account: str, audience: str, seconds: int) -> Token:
         meta = pod["metadata"]
@@ -408,9 +438,10 @@ class PodRuntime:
 
     async def shutdown(self) -> None:
         """Stop watching, then stop every container (briefly: the sandbox is going away)."""
-        for task in self._tasks:
+        removing = [*self._tasks, *self._removing.values()]
+        for task in removing:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*removing, return_exceptions=True)
         workers = list(self._workers.values())
         for worker in workers:
             worker.shutdown(SHUTDOWN_GRACE_S)

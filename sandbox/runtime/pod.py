@@ -26,8 +26,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from cacheroute.sandbox.emulator.args import EmulatorArgsError
 from cacheroute.sandbox.emulator.host import container_emulator
 from cacheroute.sandbox.runtime import podenv
@@ -39,7 +37,7 @@ from cacheroute.sandbox.runtime.containers import (
     Run,
 )
 from cacheroute.sandbox.runtime.images import ImageDriver
-from cacheroute.sandbox.runtime.kube import ApiError
+from cacheroute.sandbox.runtime.kube import ApiError, until_reached, worth_retrying
 from cacheroute.sandbox.runtime.logs import LogFile
 from cacheroute.sandbox.runtime.probes import ProbeSpec, ProbeState
 from cacheroute.sandbox.runtime.reported import status_shows
@@ -149,6 +147,7 @@ class PodWorker:
         self._patched: Obj | None = None
         self.volumes: PodVolumes | None = None
         self._forget_listener: Callable[[], None] | None = None
+        self._watching = False
         self.finished = asyncio.Event()
         # Set when the runtime itself stops: containers get at most this grace, the pod object stays.
         self.shutdown_grace: float | None = None
@@ -190,6 +189,8 @@ class PodWorker:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if self._forget_listener is not None:
                 self._forget_listener()
+            if self._watching:
+                self.runtime.cache.release_namespace(self.namespace)
             if self.volumes is not None:
                 self.volumes.remove()
             self.finished.set()
@@ -202,6 +203,7 @@ class PodWorker:
             await self._remove()
             return
         self._tasks.append(asyncio.create_task(self._status_loop(), name=f"status {self.name}"))
+        self._watching = True
         await self.runtime.cache.watch_namespace(self.namespace)
         self.volumes = PodVolumes(self.pod, self.directory / "volumes", self.runtime.cache.lookup, self._token)
         refs = self.volumes.references()
@@ -514,31 +516,22 @@ class PodWorker:
             await run.stop(max(0.0, deadline - time.monotonic()))
 
         await asyncio.gather(*(stop(slot) for slot in self.slots))
-        for task in self._tasks:
-            if task.get_name().startswith("container "):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        supervisors = [task for task in self._tasks if task.get_name().startswith("container ")]
+        # A supervisor that failed must not keep the pod from being removed.
+        for outcome in await asyncio.gather(*supervisors, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.error("pod %s/%s: a container's supervisor failed: %r", self.namespace, self.name, outcome)
         if self.shutdown_grace is not None:
             return
-        # A pod must not stay Terminating because the API server hung when it ended: the last
-        # status and the removal are tried again until they reach it, as a kubelet does.
-        await _until_reached(self._flush_status)
+        # A pod must not stay Terminating because the API server hung or failed when it ended:
+        # the last status and the removal are tried again until it takes them, as a kubelet does.
+        await self._flush_status_until_taken()
         await self._remove()
 
     async def _remove(self) -> None:
-        await _until_reached(self._removed)
-
-    async def _removed(self) -> bool:
-        """Remove the pod object; False when the API server could not be reached."""
         if self.gone or self.shutdown_grace is not None:
-            return True
-        try:
-            await self.runtime.remove_pod(self.pod)
-        except httpx.HTTPError as exc:
-            log.warning("pod %s/%s: not removed, the API server did not answer (%s); trying again",
-                        self.namespace, self.name, type(exc).__name__)
-            return False
-        return True
+            return
+        await until_reached(lambda: self.runtime.remove_pod(self.pod), f"pod {self.namespace}/{self.name}: not removed")
 
     # -- status ---------------------------------------------------------------------------------
 
@@ -578,34 +571,26 @@ class PodWorker:
         while True:
             await self._status_dirty.wait()
             self._status_dirty.clear()
-            await _until_reached(self._flush_status)
+            await self._flush_status_until_taken()
 
-    async def _flush_status(self) -> bool:
-        """Patch the pod's status if it changed; False when the API server could not be reached."""
+    async def _flush_status_until_taken(self) -> None:
+        await until_reached(self._flush_status, f"pod {self.namespace}/{self.name}: status not patched")
+
+    async def _flush_status(self) -> None:
+        """Patch the pod's status if it changed; raises only what is worth trying again."""
         if self.gone:
-            return True
+            return
         status = self.status()
         # What was patched may have been written over since (a stale kwok stage): the pod as
         # observed decides, not the memory of the last patch.
         if status == self._patched and status_shows(self.pod.get("status") or {}, status):
-            return True
+            return
         try:
             await self.runtime.patch_status(self.pod, status)
-            self._patched = status
-        except httpx.HTTPError as exc:
-            log.warning("pod %s/%s: status not patched, the API server did not answer (%s); trying again",
-                        self.namespace, self.name, type(exc).__name__)
-            return False
         except ApiError as exc:
-            if exc.status in (404, 409):
-                return True
-            log.warning("pod %s/%s: status not patched: %s", self.namespace, self.name, exc)
-        return True
-
-
-async def _until_reached(call: Callable[[], Awaitable[bool]]) -> None:
-    """Await `call` until it returns True (it reached the API server), backing off up to 5 s."""
-    delay = 0.5
-    while not await call():
-        await asyncio.sleep(delay)
-        delay = min(2 * delay, 5.0)
+            if worth_retrying(exc):
+                raise
+            if exc.status not in (404, 409):
+                log.warning("pod %s/%s: status not patched: %s", self.namespace, self.name, exc)
+            return
+        self._patched = status

@@ -20,6 +20,7 @@ from cacheroute.operator.api.pool import InferencePoolSpec
 from cacheroute.operator.fleet.profiling_job import plan_for_pool, resolve_architecture
 from cacheroute.planner.plan_format import decode_plan
 from cacheroute.sandbox import nodes
+from cacheroute.sandbox.cluster import Sandbox
 from tests.integration.operator.conftest import Fleet
 from tests.support.operator import LLAMA_70B_FP8_TP2, OperatorProcess, Pools, observe_until, sleep_observing, until
 
@@ -137,11 +138,21 @@ def test_scaling_adds_the_next_ordinals_and_removes_the_highest(fleet: Fleet, ku
     fleet.pools.await_condition("llama", "Ready", "True", timeout=120)
 
 
-def whole_free_nodes(kube_api: Any) -> tuple[int, int]:
-    """Sandbox nodes whose 8 GPUs are all free or being freed, and the next unused node index. The
-    pods of earlier tests that still terminate count as gone: counted as holding their GPUs, they
-    made a node look taken that the next pool then got."""
+def whole_free_nodes(kube_api: Any, runtime_log: Path) -> tuple[int, int]:
+    """Sandbox nodes whose 8 GPUs are all free, and the next unused node index. Pods of earlier
+    tests that still terminate (an engine's preStop alone takes 30 s) are awaited first: counted
+    as holding their GPUs, they made a node look taken that the next pool then got; counted as
+    gone, one that stayed took a node the pool was counting on."""
     core = client.CoreV1Api(kube_api)
+
+    def terminating() -> list[str]:
+        return [f"{p.metadata.namespace}/{p.metadata.name}" for p in core.list_pod_for_all_namespaces().items
+                if p.metadata.deletion_timestamp and p.spec.node_name]
+
+    try:
+        until(lambda: not terminating(), "the pods of earlier tests to finish terminating", timeout=180)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {terminating()}\n{scheduling_report(kube_api, '', runtime_log)}") from None
     sandbox_nodes = core.list_node(label_selector=f"{nodes.SANDBOX_NODE_LABEL}=true").items
     used: dict[str, int] = {}
     for pod in core.list_pod_for_all_namespaces().items:
@@ -162,11 +173,13 @@ def pod_readiness(pod: Any) -> str:
     return f"Ready {ready.status if ready else None}, containers {states}"
 
 
-def scheduling_report(kube_api: Any, namespace: str) -> str:
+def scheduling_report(kube_api: Any, namespace: str, runtime_log: Path) -> str:
     """Where the GPUs went and why the namespace's pending pods wait: nodes with their GPU
-    allocatable, taints and pods, then each pending pod's scheduler Events."""
+    allocatable, taints and pods, each pending pod's scheduler Events, and what the pod runtime
+    last said of each pod still terminating (which holds its GPUs until it is gone)."""
     core = client.CoreV1Api(kube_api)
     pods = core.list_pod_for_all_namespaces().items
+    said_by_runtime = runtime_log.read_text(errors="replace").splitlines() if runtime_log.exists() else []
     lines = []
     for node in core.list_node(label_selector=f"{nodes.SANDBOX_NODE_LABEL}=true").items:
         name = node.metadata.name
@@ -180,6 +193,9 @@ def scheduling_report(kube_api: Any, namespace: str) -> str:
             events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod.metadata.name}")
             said = [f"{e.reason}: {e.message}" for e in events.items]
             lines.append(f"pending {pod.metadata.name}: {said}")
+        if pod.metadata.deletion_timestamp:
+            who = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            lines.append(f"terminating {who}, the runtime: {[x for x in said_by_runtime if who in x][-3:]}")
     return "\n".join(lines)
 
 
@@ -215,10 +231,11 @@ def test_a_gpu_product_no_node_carries_is_insufficient_gpus_naming_the_label(fle
 
 
 def test_more_gpus_than_the_nodes_have_is_insufficient_gpus_and_recovers_with_a_node(
-    fleet: Fleet, kube_api: Any
+    fleet: Fleet, kube_api: Any, sandbox: Sandbox
 ) -> None:
     # At TP 8 a replica takes a whole node: one replica more than there are free nodes.
-    free, next_index = whole_free_nodes(kube_api)
+    runtime_log = sandbox.state_dir / "logs" / "pod-runtime.log"
+    free, next_index = whole_free_nodes(kube_api, runtime_log)
     spec = {**LLAMA_70B_FP8_TP2, "tensorParallelSize": 8, "replicas": free + 1}
     fleet.pools.create("wide", spec)
     ready = fleet.pools.await_condition("wide", "Ready", "False", "InsufficientGPUs", timeout=120)
@@ -232,7 +249,7 @@ def test_more_gpus_than_the_nodes_have_is_insufficient_gpus_and_recovers_with_a_
         try:
             fleet.pools.await_condition("wide", "Ready", "True", timeout=180)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{scheduling_report(kube_api, fleet.namespace)}") from None
+            raise AssertionError(f"{exc}\n{scheduling_report(kube_api, fleet.namespace, runtime_log)}") from None
         fleet.pools.await_condition("wide", "Degraded", "False")
         fleet.pools.remove_all()
 

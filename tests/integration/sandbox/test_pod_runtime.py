@@ -7,6 +7,7 @@ everything is observed through the API server, the pods' own endpoints and Prome
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import os
 import time
@@ -22,7 +23,7 @@ from cacheroute.planner.plan_format import encode_plan
 from cacheroute.sandbox import nodes
 from cacheroute.sandbox.cluster import Sandbox
 from tests.support.router import metric_value
-from tests.support.sandbox import ScopedPrometheus, wait_for
+from tests.support.sandbox import ScopedPrometheus, fresh_namespace, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -378,3 +379,88 @@ def test_a_pod_deleted_while_the_api_server_hangs_goes_once_it_answers(
     wait_for(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=outlived").items,
              timeout=60, what=f"the pod to go once the API server answers (runtime: {told[-5:]})")
     assert "outlived: the runtime failed" not in log.read_text()[start:]
+
+
+def _refuse_the_runtimes_pod_deletes(namespace: str) -> dict[str, Any]:
+    """A webhook that fails every pod deletion the runtime makes in `namespace` (nothing listens at
+    its address): the real API server then answers the runtime 500, as when it cannot act."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": f"refuse-removal-{namespace}"},
+        "webhooks": [{
+            "name": "refuse-removal.sandbox.cacheroute.dev",
+            "clientConfig": {"url": "https://127.0.0.1:1/refuse"},
+            "rules": [{"operations": ["DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "matchConditions": [{"name": "the-runtime",
+                                 "expression": "request.userInfo.username == 'cacheroute-pod-runtime'"}],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 1,
+        }],
+    }
+
+
+def test_a_pod_whose_removal_the_api_server_fails_goes_once_it_takes_it(
+    sandbox: Sandbox, kube_api: Any, runtime_namespace: str
+) -> None:
+    ns = runtime_namespace
+    core = client.CoreV1Api(kube_api)
+    admission = client.AdmissionregistrationV1Api(kube_api)
+    # The preStop wait leaves the webhook time to take effect before the runtime removes the pod.
+    core.create_namespaced_pod(ns, {"metadata": {"name": "refused"}, "spec": {
+        **nodes.gpu_scheduling(), "terminationGracePeriodSeconds": 10,
+        "containers": [{"name": "c", "image": CACHEROUTE_IMAGE, "command": ["sleep", "3600"],
+                        "lifecycle": {"preStop": {"sleep": {"seconds": 3}}}}]}})
+    wait_for(lambda: ready(core.read_namespaced_pod("refused", ns)), timeout=60, what="the pod ready")
+    log = sandbox.state_dir / "logs" / "pod-runtime.log"
+    start = len(log.read_text())
+
+    def told() -> list[str]:
+        return [line for line in log.read_text()[start:].splitlines() if f"{ns}/refused" in line]
+
+    webhook = _refuse_the_runtimes_pod_deletes(ns)
+    admission.create_validating_webhook_configuration(webhook)
+    try:
+        core.delete_namespaced_pod("refused", ns)
+        wait_for(lambda: any("not removed" in line for line in told()), timeout=60,
+                 what="the runtime's removal refused")
+    finally:
+        admission.delete_validating_webhook_configuration(webhook["metadata"]["name"])
+    wait_for(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=refused").items,
+             timeout=60, what=f"the pod to go once the API server takes its removal (runtime: {told()[-5:]})")
+    assert any("could not take it (500" in line for line in told()), told()
+
+
+def _sleeper(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {
+        **nodes.gpu_scheduling(), "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "c", "image": CACHEROUTE_IMAGE, "command": ["sleep", "3600"]}]}}
+
+
+def _pods_come_and_go_in_new_namespaces(sandbox: Sandbox, core: Any, batch: int, count: int) -> None:
+    with contextlib.ExitStack() as stack:
+        spaces = [stack.enter_context(fresh_namespace(sandbox, f"many-{batch}-{i}", pod_runtime=True))
+                  for i in range(count)]
+        for ns in spaces:
+            core.create_namespaced_pod(ns, _sleeper("p"))
+        wait_for(lambda: all(ready(core.read_namespaced_pod("p", ns)) for ns in spaces), timeout=60,
+                 what=f"the pods of batch {batch} ready")
+        for ns in spaces:
+            core.delete_namespaced_pod("p", ns)
+        wait_for(lambda: not any(core.list_namespaced_pod(ns).items for ns in spaces), timeout=60,
+                 what=f"the pods of batch {batch} gone")
+
+
+def test_the_runtime_serves_pods_after_many_namespaces_came_and_went(sandbox: Sandbox, kube_api: Any) -> None:
+    # Each namespace the runtime serves pods in takes connections to the API server for its
+    # watches (ConfigMaps, Secrets); they must be given back when its pods are gone, or a sandbox
+    # reused by a few test runs can no longer start a pod.
+    core = client.CoreV1Api(kube_api)
+    for batch in range(5):
+        _pods_come_and_go_in_new_namespaces(sandbox, core, batch, 8)
+    with fresh_namespace(sandbox, "many-last", pod_runtime=True) as ns:
+        core.create_namespaced_pod(ns, _sleeper("p"))
+        wait_for(lambda: ready(core.read_namespaced_pod("p", ns)), timeout=30, what="a pod after 40 namespaces ready")

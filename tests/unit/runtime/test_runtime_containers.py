@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
 from cacheroute.sandbox.runtime import containers
-from cacheroute.sandbox.runtime.containers import ContainerStartError, Mount, ProcessRun, mount_script
+from cacheroute.sandbox.runtime.containers import ContainerStartError, EmulatorRun, Mount, ProcessRun, mount_script
 from cacheroute.sandbox.runtime.logs import LogFile, plain_text
+
+if TYPE_CHECKING:
+    from cacheroute.sandbox.emulator.server import Emulator
 
 
 def test_mounts_are_bound_parents_first_then_the_command_runs() -> None:
@@ -42,3 +48,25 @@ async def test_a_process_without_volumes_runs_and_its_output_is_logged(tmp_path:
     )
     assert await run.wait() == 4
     assert sorted(plain_text(tmp_path / "c" / "0.log").split()) == ["err", "out"]
+
+
+class _ServerThatNeverStops:
+    """An emulated engine whose shutdown hangs (a handler that ignores cancellation, say)."""
+
+    def start(self) -> asyncio.Task[None]:
+        self.serving = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+        return self.serving
+
+    async def stop(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_an_emulated_engine_that_does_not_stop_is_killed_after_its_grace(tmp_path: Path) -> None:
+    server = _ServerThatNeverStops()
+    run = EmulatorRun(cast("Emulator", server), LogFile(tmp_path / "0.log"))
+    began = time.monotonic()
+    await asyncio.wait_for(run.stop(0.1), 10)
+    assert time.monotonic() - began < containers._LEAST_STOP_S + 1
+    assert await run.wait() == 137
+    assert "did not stop within 2s: killed" in plain_text(tmp_path / "0.log")
+    server.serving.cancel()
