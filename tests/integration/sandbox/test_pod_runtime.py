@@ -381,6 +381,12 @@ def test_a_pod_deleted_while_the_api_server_hangs_goes_once_it_answers(
     assert "outlived: the runtime failed" not in log.read_text()[start:]
 
 
+def _sleeper(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {
+        **nodes.gpu_scheduling(), "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "c", "image": CACHEROUTE_IMAGE, "command": ["sleep", "3600"]}]}}
+
+
 def _refuse_the_runtimes_pod_deletes(namespace: str) -> dict[str, Any]:
     """A webhook that fails every pod deletion the runtime makes in `namespace` (nothing listens at
     its address): the real API server then answers the runtime 500, as when it cannot act."""
@@ -403,41 +409,49 @@ def _refuse_the_runtimes_pod_deletes(namespace: str) -> dict[str, Any]:
     }
 
 
+def _refusing(sandbox: Sandbox, namespace: str) -> bool:
+    """Whether the webhook already fails the runtime's deletions (a dry run, as the runtime)."""
+    from kubernetes import config
+
+    as_runtime = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
+    as_runtime.set_default_header("Impersonate-User", "cacheroute-pod-runtime")
+    as_runtime.set_default_header("Impersonate-Group", "system:masters")
+    try:
+        client.CoreV1Api(as_runtime).delete_namespaced_pod("refused", namespace, dry_run="All")
+    except client.ApiException as exc:
+        return bool(exc.status == 500)
+    finally:
+        as_runtime.close()
+    return False
+
+
+@pytest.mark.parametrize("runs_it", [True, False], ids=["run", "marked-ready-only"])
 def test_a_pod_whose_removal_the_api_server_fails_goes_once_it_takes_it(
-    sandbox: Sandbox, kube_api: Any, runtime_namespace: str
+    sandbox: Sandbox, kube_api: Any, runs_it: bool
 ) -> None:
-    ns = runtime_namespace
     core = client.CoreV1Api(kube_api)
     admission = client.AdmissionregistrationV1Api(kube_api)
-    # The preStop wait leaves the webhook time to take effect before the runtime removes the pod.
-    core.create_namespaced_pod(ns, {"metadata": {"name": "refused"}, "spec": {
-        **nodes.gpu_scheduling(), "terminationGracePeriodSeconds": 10,
-        "containers": [{"name": "c", "image": CACHEROUTE_IMAGE, "command": ["sleep", "3600"],
-                        "lifecycle": {"preStop": {"sleep": {"seconds": 3}}}}]}})
-    wait_for(lambda: ready(core.read_namespaced_pod("refused", ns)), timeout=60, what="the pod ready")
-    log = sandbox.state_dir / "logs" / "pod-runtime.log"
-    start = len(log.read_text())
+    with fresh_namespace(sandbox, f"refused-removal-{runs_it}", pod_runtime=runs_it) as ns:
+        core.create_namespaced_pod(ns, _sleeper("refused"))
+        wait_for(lambda: ready(core.read_namespaced_pod("refused", ns)), timeout=60, what="the pod ready")
+        log = sandbox.state_dir / "logs" / "pod-runtime.log"
+        start = len(log.read_text())
 
-    def told() -> list[str]:
-        return [line for line in log.read_text()[start:].splitlines() if f"{ns}/refused" in line]
+        def told() -> list[str]:
+            return [line for line in log.read_text()[start:].splitlines() if f"{ns}/refused" in line]
 
-    webhook = _refuse_the_runtimes_pod_deletes(ns)
-    admission.create_validating_webhook_configuration(webhook)
-    try:
-        core.delete_namespaced_pod("refused", ns)
-        wait_for(lambda: any("not removed" in line for line in told()), timeout=60,
-                 what="the runtime's removal refused")
-    finally:
-        admission.delete_validating_webhook_configuration(webhook["metadata"]["name"])
-    wait_for(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=refused").items,
-             timeout=60, what=f"the pod to go once the API server takes its removal (runtime: {told()[-5:]})")
-    assert any("could not take it (500" in line for line in told()), told()
-
-
-def _sleeper(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {
-        **nodes.gpu_scheduling(), "terminationGracePeriodSeconds": 1,
-        "containers": [{"name": "c", "image": CACHEROUTE_IMAGE, "command": ["sleep", "3600"]}]}}
+        webhook = _refuse_the_runtimes_pod_deletes(ns)
+        admission.create_validating_webhook_configuration(webhook)
+        try:
+            wait_for(lambda: _refusing(sandbox, ns), timeout=30, what="the webhook in effect")
+            core.delete_namespaced_pod("refused", ns)
+            wait_for(lambda: any("not removed" in line for line in told()), timeout=60,
+                     what="the runtime's removal refused")
+        finally:
+            admission.delete_validating_webhook_configuration(webhook["metadata"]["name"])
+        wait_for(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=refused").items,
+                 timeout=60, what=f"the pod to go once the API server takes its removal (runtime: {told()[-5:]})")
+        assert any("could not take it (500" in line for line in told()), told()
 
 
 def _pods_come_and_go_in_new_namespaces(sandbox: Sandbox, core: Any, batch: int, count: int) -> None:
