@@ -196,12 +196,17 @@ def admit(
     return Admission(keys, len(candidates))
 
 
-def nothing_admitted_because(keys: int, warm_budget: F64, candidates: int) -> str | None:
-    """Why a plan admits nothing, when the input says so."""
+def nothing_admitted_because(keys: int, warm_budget: F64, candidates: int, prefixed: int) -> str | None:
+    """Why a plan admits nothing, when the input says so (`prefixed`: keys with a reusable prefix)."""
     if keys == 0:
         return "no keyed traffic in the window: nothing to admit"
     if not float(warm_budget.sum()) > 0:
         return "the warm budget is zero (auto needs kvCapacityTokens of destinations)"
+    if not prefixed:
+        # The routers' estimate of a reusable prefix is what a follow-up chat turn resends; a
+        # completions prompt has no such boundary, and nothing else says why such a plan is empty.
+        return ("no key showed a reusable prefix: routers count the messages before a chat request's newest "
+                "one, and a /v1/completions request shows none")
     if not candidates:
         return "no key has a reusable prefix that fits the warm budget"
     return None

@@ -55,6 +55,7 @@ class PlanResult:
     under_replicated_keys: int  # routed keys on fewer destinations than wanted
     reason: str
     pinned_hashes: U64 = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    nothing_admitted: str | None = None  # why no key was admitted, when the input says so
 
     def destinations_of_key(self, row: int) -> tuple[str, ...]:
         """Destination ids of stats row `row` (empty when p2c routes it)."""
@@ -141,7 +142,8 @@ def plan_result(
     dest_ids = [d.id for d in destinations]
     pin, adm = demand.pinned, admission.keys
     notes = list(demand.notes)
-    empty = nothing_admitted_because(n, demand.warm_budget, admission.candidates)
+    prefixed = int(np.count_nonzero(stats.prefix_tokens > 0))
+    empty = nothing_admitted_because(n, demand.warm_budget, admission.candidates, prefixed)
     notes += [text for text in (empty, stable.note) if text]
 
     a_key, a_dest = stable.key, stable.dest
@@ -233,4 +235,5 @@ def plan_result(
         under_replicated_keys=under,
         reason=reason,
         pinned_hashes=pin.hashes,
+        nothing_admitted=empty,
     )

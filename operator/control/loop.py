@@ -552,7 +552,7 @@ class PlanLoop:
             return None
         candidate = plan_result.plan
         notes = [*pin_notes] + ([] if prepared.output_tokens_known else ["vLLM reported no generated tokens"])
-        notes += [refused_note] if refused_note else []
+        notes += [note for note in (refused_note, plan_result.nothing_admitted) if note]
         message = (
             f"candidate {payload.version}: {len(candidate):,} routes ({len(candidate.pinned_keys):,} pinned), "
             f"keys in the window: {len(prepared.stats):,}, "

@@ -3,6 +3,8 @@ pinned routes, keys hashed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from kubernetes import client
 
@@ -367,3 +369,24 @@ def test_a_plan_configmap_edited_into_no_plan_is_told_and_published_over(env: Co
     # Readable again: not told every period.
     last = get_plan(kube_api, namespace, "pins")["status"]["lastPeriodTime"]
     assert wait_for_period_after(kube_api, namespace, "pins", last) and len(told()) == 1
+
+
+def test_a_window_without_reusable_prefixes_says_why_nothing_is_planned(env: ControlEnv) -> None:
+    # What the routers report for /v1/completions traffic: keys and prompts, no reusable prefix.
+    kube_api, namespace = env.api, env.namespace
+    traffic = zipf_traffic(20, 5.0, prompt=2000, prefix_share=0.0, exponent=1.0)
+    env.fleet("flat").set_traffic(traffic)
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool("flat")
+    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
+    create_plan(kube_api, namespace, plan_manifest("flat", "flat", mode="Shadow", controlPeriod="2s",
+                                                    metricsWindow=f"{WINDOW}s", guard=GUARD_THROUGH_TIES))
+
+    def planned() -> dict[str, Any]:
+        return condition(get_plan(kube_api, namespace, "flat"), "Planned")
+
+    wait_for(lambda: "reusable prefix" in planned().get("message", ""), timeout=90,
+             what="a Planned condition saying why nothing is admitted")
+    message = planned()["message"]
+    assert ": 0 routes (0 pinned)" in message
+    assert "a /v1/completions request shows none" in message

@@ -138,10 +138,11 @@ def test_keys_of_the_previous_plan_keep_their_slot_against_a_slightly_denser_new
 
 def test_an_empty_admission_says_why() -> None:
     budget = np.array([100.0])
-    assert nothing_admitted_because(0, budget, 0) == "no keyed traffic in the window: nothing to admit"
-    assert "warm budget is zero" in (nothing_admitted_because(3, np.zeros(1), 0) or "")
-    assert "no key has a reusable prefix" in (nothing_admitted_because(3, budget, 0) or "")
-    assert nothing_admitted_because(3, budget, 1) is None
+    assert nothing_admitted_because(0, budget, 0, 0) == "no keyed traffic in the window: nothing to admit"
+    assert "warm budget is zero" in (nothing_admitted_because(3, np.zeros(1), 0, 3) or "")
+    assert "no key has a reusable prefix that fits" in (nothing_admitted_because(3, budget, 0, 3) or "")
+    assert "/v1/completions request shows none" in (nothing_admitted_because(3, budget, 0, 0) or "")
+    assert nothing_admitted_because(3, budget, 1, 3) is None
 
 
 # --- 3. placement -----------------------------------------------------------------------------------
