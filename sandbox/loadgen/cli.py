@@ -132,15 +132,23 @@ def load(  # noqa: PLR0917 - one parameter per option
         console=err, disable=not show_progress, transient=True,
     ) as bar:
         task = bar.add_task("requests", total=len(schedule.requests))
-        results = asyncio.run(run_load(schedule, settings, progress=lambda done, _n: bar.update(task, completed=done)))
+        results = asyncio.run(run_load(
+            schedule, settings, progress=lambda done, _n: bar.update(task, completed=done), interruptible=True))
+    interrupted = len(results) < len(schedule.requests)
+    if interrupted:
+        err.print(f"interrupted: {len(results)} of {len(schedule.requests)} requests had finished; the summary "
+                  "covers those (requests in flight were cancelled)", soft_wrap=True)
     summary = summarize(results)
     Console().print(summary_table(summary))
     if out is not None:
         meta = {
             "url": url, "source": source, "api": api, "time_scale": schedule.time_scale, "duration_s": duration,
             "key_header": key_header, "key_field": key_field, "requests": len(schedule.requests),
+            "interrupted": interrupted,
         }
         write_results(out, results, summary, meta)
         err.print(f"wrote {out}")
+    if interrupted:
+        raise typer.Exit(130)
     if summary.succeeded == 0:
         raise typer.Exit(1)

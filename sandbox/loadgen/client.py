@@ -10,9 +10,11 @@ is a tool for the sandbox, not for load-testing someone else's servers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import math
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,52 +173,91 @@ async def run_load(
     *,
     progress: Callable[[int, int], None] | None = None,
     lead_s: float = 0.2,
+    interruptible: bool = False,
 ) -> list[RequestResult]:
-    """Send every request of `schedule` at its time; return one result per request, in schedule order."""
-    endpoint = settings.endpoint()
+    """Send every request of `schedule` at its time; return one result per request, in schedule order.
+
+    `interruptible`: SIGINT (through `asyncio.run`) or SIGTERM stops the run: nothing more is sent,
+    requests in flight are cancelled, and the results of the requests that had finished come back,
+    fewer than scheduled."""
     results = [
         RequestResult(
             index=r.index, key=r.key, scheduled_s=r.at_s, input_tokens=r.input_tokens, output_tokens=r.output_tokens
         )
         for r in schedule.requests
     ]
+    finished: set[int] = set()
+    if not interruptible:
+        await _send_all(schedule, settings, results, finished=finished, progress=progress, lead_s=lead_s)
+        return results
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    try:
+        await _send_all(schedule, settings, results, finished=finished, progress=progress, lead_s=lead_s)
+    except asyncio.CancelledError:
+        main.uncancel()
+        return [results[i] for i in sorted(finished)]
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+    return results
+
+
+async def _send_all(
+    schedule: Schedule,
+    settings: LoadSettings,
+    results: list[RequestResult],
+    *,
+    finished: set[int],
+    progress: Callable[[int, int], None] | None,
+    lead_s: float,
+) -> None:
+    """Send the requests open loop; `finished` gets the position of each request whose outcome is known."""
+    endpoint = settings.endpoint()
     total = len(results)
-    done = 0
     in_flight = 0
 
-    def finished(_task: asyncio.Task[None]) -> None:
-        nonlocal done, in_flight
-        done += 1
-        in_flight -= 1
+    def done_with(position: int) -> None:
+        finished.add(position)
         if progress is not None:
-            progress(done, total)
+            progress(len(finished), total)
+
+    def ended(position: int, task: asyncio.Task[None]) -> None:
+        nonlocal in_flight
+        in_flight -= 1
+        if not task.cancelled():
+            done_with(position)
 
     connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
     timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[None]] = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        origin = loop.time() + lead_s
-        for request, result in zip(schedule.requests, results, strict=True):
-            delay = origin + request.at_s - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if in_flight >= settings.max_in_flight:
-                result.error = f"not sent: {in_flight} requests already in flight (the client's limit)"
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-                continue
-            in_flight += 1
-            task = asyncio.create_task(
-                _send(
-                    session=session, endpoint=endpoint, request=request, schedule=schedule, settings=settings,
-                    result=result, origin=origin,
+        try:
+            origin = loop.time() + lead_s
+            for position, (request, result) in enumerate(zip(schedule.requests, results, strict=True)):
+                delay = origin + request.at_s - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if in_flight >= settings.max_in_flight:
+                    result.error = f"not sent: {in_flight} requests already in flight (the client's limit)"
+                    done_with(position)
+                    continue
+                in_flight += 1
+                task = asyncio.create_task(
+                    _send(
+                        session=session, endpoint=endpoint, request=request, schedule=schedule, settings=settings,
+                        result=result, origin=origin,
+                    )
                 )
-            )
-            task.add_done_callback(finished)
-            tasks.append(task)
-        if tasks:
-            await asyncio.gather(*tasks)
-    return results
+                task.add_done_callback(functools.partial(ended, position))
+                tasks.append(task)
+            if tasks:
+                await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ from typer.testing import CliRunner
 
 from cacheroute.sandbox.cli import app
 from tests.support.emulator import emulator_process
+from tests.support.sandbox import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +73,30 @@ def test_only_loopback_targets_and_sane_bounds_are_accepted(tmp_path: Path) -> N
     assert missing.exit_code == 2
     # Refused while parsing the options (the option declares an existing file).
     assert "'--trace'" in missing.output and "does not exist" in " ".join(missing.output.split())
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_reports_and_writes_what_had_finished(tmp_path: Path, stop: signal.Signals) -> None:
+    out = tmp_path / "run.json"
+    with emulator_process(SERVER, tmp_path) as emulator:
+        load = subprocess.Popen(
+            [sys.executable, "-m", "cacheroute.operator.cli.main", "sandbox", "load", emulator.url,
+             "--workload", "cacheroute-paper", "--keys", "5", "--qps", "4", "--duration", "120",
+             "--max-input-tokens", "2000", "--no-progress", "-o", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            wait_for(lambda: emulator.metric("vllm:request_success_total") >= 3, timeout=60,
+                     what="three requests served")
+            load.send_signal(stop)
+            stdout, stderr = load.communicate(timeout=20)
+        finally:
+            load.kill()
+    assert load.returncode == 130, stderr
+    assert "interrupted: " in stderr and " requests had finished" in stderr
+    assert "served KV hit" in stdout
+    report = json.loads(out.read_text())
+    assert report["settings"]["interrupted"] is True
+    finished = report["requests"]
+    assert 3 <= len(finished) < report["settings"]["requests"]
+    assert all(r["status"] == 200 for r in finished)
