@@ -81,3 +81,23 @@ def test_an_event_refused_by_a_namespace_being_deleted_is_no_warning(
             api.post_event(involved, "Normal", "PoolNotReady", "no ready destination")
         assert [r.levelname for r in caplog.records] == ["INFO"]
         assert f"namespace {name} is being deleted" in caplog.records[0].getMessage()
+
+
+def test_an_event_repeated_within_minutes_is_one_event_counted_again(
+    kube_api: Any, namespace: str, operator_kubeconfig: Path
+) -> None:
+    # The operator's own identity: counting again (a patch) is within its ClusterRole too.
+    client = config.new_client_from_config(config_file=str(operator_kubeconfig))
+    api = ControlApi(client)
+    create_plan(kube_api, namespace, plan_manifest("often", "no-such-pool"))
+    body = get_plan(kube_api, namespace, "often")
+    api.post_event(body, "Warning", "GuardRejected", "KV hit 81.21% is below 81.22% without a plan")
+    api.post_event(body, "Normal", "PlanApplied", "plan 1 applied")
+    api.post_event(body, "Warning", "GuardRejected", "KV hit 80.10% is below 80.50% without a plan")
+    api.post_event(body, "Warning", "GuardRejected", "KV hit 79.90% is below 80.00% without a plan")
+    told = events(kube_api, namespace, "GuardRejected")
+    assert [(e.count, e.message) for e in told] == [(3, "KV hit 79.90% is below 80.00% without a plan")]
+    assert len(events(kube_api, namespace, "PlanApplied")) == 1
+    # Another operator replica (or this one restarted) knows of no series: it tells afresh.
+    ControlApi(client).post_event(body, "Warning", "GuardRejected", "KV hit 1% is below 2% without a plan")
+    assert sorted(e.count for e in events(kube_api, namespace, "GuardRejected")) == [1, 3]
