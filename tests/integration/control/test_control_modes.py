@@ -12,6 +12,7 @@ from cacheroute.planner.plan import affinity_key_hash
 from tests.support.control import (
     GUARD_THROUGH_TIES,
     ControlEnv,
+    Traffic,
     condition,
     create_plan,
     events,
@@ -31,20 +32,29 @@ pytestmark = pytest.mark.integration
 WINDOW = 10
 
 
+def _serving(env: ControlEnv, pool: str, traffic: Traffic) -> None:
+    """The pool's routers reporting `traffic`, and an operator reconciling the pool."""
+    env.fleet(pool).set_traffic(traffic)
+    env.operator(prometheus_url=env.prometheus_url)
+    env.pool(pool)
+
+
+def _shadow_plan_once_the_window_is_full(env: ControlEnv, pool: str, traffic: Traffic) -> None:
+    wait_for_window(env.prometheus_url, env.namespace, len(traffic.keys) + 2, WINDOW)
+    create_plan(env.api, env.namespace, plan_manifest(pool, pool, mode="Shadow", controlPeriod="2s",
+                                                      metricsWindow=f"{WINDOW}s", guard=GUARD_THROUGH_TIES))
+
+
 def test_shadow_fills_status_and_never_writes_the_configmap(env: ControlEnv) -> None:
     kube_api, namespace = env.api, env.namespace
     traffic = zipf_traffic(30, 5.0, prompt=2000, prefix_share=0.9, exponent=1.0)
-    env.fleet("qwen").set_traffic(traffic)
-    env.operator(prometheus_url=env.prometheus_url)
-    env.pool("qwen")
+    _serving(env, "qwen", traffic)
     # The pool's reconciler creates the plan ConfigMap with an empty plan.
     core = client.CoreV1Api(kube_api)
     wait_for(lambda: bool(core.read_namespaced_config_map("qwen-plan", namespace)), timeout=60,
              what="the pool's empty plan")
     before = core.read_namespaced_config_map("qwen-plan", namespace).metadata.resource_version
-    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
-    create_plan(kube_api, namespace, plan_manifest("qwen", "qwen", mode="Shadow", controlPeriod="2s",
-                                                    metricsWindow=f"{WINDOW}s", guard=GUARD_THROUGH_TIES))
+    _shadow_plan_once_the_window_is_full(env, "qwen", traffic)
 
     wait_for(lambda: condition(get_plan(kube_api, namespace, "qwen"), "Applied").get("reason") == "ShadowMode",
              timeout=90, what="a Shadow period")
@@ -375,12 +385,8 @@ def test_a_window_without_reusable_prefixes_says_why_nothing_is_planned(env: Con
     # What the routers report for /v1/completions traffic: keys and prompts, no reusable prefix.
     kube_api, namespace = env.api, env.namespace
     traffic = zipf_traffic(20, 5.0, prompt=2000, prefix_share=0.0, exponent=1.0)
-    env.fleet("flat").set_traffic(traffic)
-    env.operator(prometheus_url=env.prometheus_url)
-    env.pool("flat")
-    wait_for_window(env.prometheus_url, namespace, len(traffic.keys) + 2, WINDOW)
-    create_plan(kube_api, namespace, plan_manifest("flat", "flat", mode="Shadow", controlPeriod="2s",
-                                                    metricsWindow=f"{WINDOW}s", guard=GUARD_THROUGH_TIES))
+    _serving(env, "flat", traffic)
+    _shadow_plan_once_the_window_is_full(env, "flat", traffic)
 
     def planned() -> dict[str, Any]:
         return condition(get_plan(kube_api, namespace, "flat"), "Planned")
