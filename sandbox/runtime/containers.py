@@ -203,10 +203,11 @@ class EmulatorRun:
         # vLLM exits with status 0 on SIGTERM after shutting its server down; one that outlives
         # the grace period is killed (137), so that no server can keep a pod Terminating.
         code = 0
+        allowed = max(grace, _LEAST_STOP_S)
         try:
-            await asyncio.wait_for(self.emulator.stop(), max(grace, _LEAST_STOP_S))
+            await asyncio.wait_for(self.emulator.stop(), allowed)
         except TimeoutError:
-            self.log.line(f"ERROR the server did not stop within {max(grace, _LEAST_STOP_S):.0f}s: killed", "stderr")
+            self.log.line(f"ERROR the server did not stop within {allowed:.0f}s: killed", "stderr")
             code = 137
         if not self._stopped.is_set():
             self._code = code
